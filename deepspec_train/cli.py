@@ -1,0 +1,43 @@
+"""The ``deepspec`` console script: one verb per pipeline stage (tinyworld, regenerate, train, ...).
+
+Each verb lives in its own module that exposes ``add_arguments(parser)`` and ``run(args) -> int``; this file only
+wires them together and imports a verb's module when that verb is used, so ``deepspec --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb -> (module, one-line help)
+VERBS: dict[str, tuple[str, str]] = {
+    "tinyworld": ("deepspec_train.tinyworld.cli", "build the tiny world: corpus, tokenizer, target, conversations"),
+    "regenerate": ("deepspec_train.regenerate.cli", "rewrite a prompt set's answers with the target"),
+    "train": ("deepspec_train.training.cli", "train a drafter from a recipe (same as train.py)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="deepspec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb, (_, help_text) in VERBS.items():
+        sub.add_parser(verb, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in VERBS:
+        parser.parse_args(argv)
+        return 2
+    verb, rest = argv[0], argv[1:]
+    module = importlib.import_module(VERBS[verb][0])
+    verb_parser = argparse.ArgumentParser(prog=f"deepspec {verb}", description=VERBS[verb][1])
+    module.add_arguments(verb_parser)
+    return int(module.run(verb_parser.parse_args(rest)) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

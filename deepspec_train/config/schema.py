@@ -1,0 +1,149 @@
+"""Typed schema of a training recipe.
+
+A recipe YAML maps one-to-one onto these dataclasses; ``deepspec_train.config.loader`` validates the YAML and
+command-line overrides against them (unknown keys and wrong types are errors). Defaults follow the facts in
+DESIGN.md (DeepSpec's published settings) so that a production recipe only names what differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    output_dir: str = "runs/run"
+    seed: int = 0
+
+
+@dataclass
+class TargetConfig:
+    path: str = ""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    trust_remote_code: bool = False
+    # 0-indexed decoder layers whose outputs are the drafter's context features (never the last layer).
+    layer_ids: list[int] = field(default_factory=lambda: [1, 9, 17, 25, 33])
+
+
+@dataclass
+class DataConfig:
+    train: list[str] = field(default_factory=list)
+    validation: list[str] = field(default_factory=list)
+    max_length: int = 2048
+    strict: bool = False
+    cache_dir: str = "~/.cache/deepspec_train/shards"
+    # A datasets split name when `train` / `validation` name a hub dataset or a dataset directory.
+    split: str = "train"
+
+
+@dataclass
+class DrafterConfig:
+    kind: Literal["dspark", "dflash", "eagle3"] = "dspark"
+    num_layers: int = 5
+    block_size: int = 7
+    markov_rank: int = 256
+    confidence_head: bool = True
+    # Which label convention the drafter is trained with: "dspark" (slot k predicts x_{a+k+1}) or "zlab"
+    # (DFlash's own: slot j >= 1 predicts x_{a+j}; only for a DFlash exported in the z-lab layout).
+    labels: Literal["dspark", "zlab"] = "dspark"
+    mask_token_id: int = 151669
+    # None: take the target's MLP width.
+    intermediate_size: Optional[int] = None
+    # EAGLE-3 only.
+    ttt_steps: int = 7
+    ttt_decay: float = 0.8
+    draft_vocab_size: Optional[int] = None
+
+
+@dataclass
+class AnchorConfig:
+    num_per_sequence: int = 512
+    # Context rows plus block tokens per packed micro-batch.
+    token_budget: int = 16384
+
+
+@dataclass
+class LossConfig:
+    alpha_ce: float = 0.1
+    alpha_tv: float = 0.9
+    alpha_conf: float = 1.0
+    gamma_decay: float = 4.0
+    temperature: float = 1.0
+    # Supervised positions per chunk of the selected-logit loss.
+    chunk_size: int = 1024
+
+
+@dataclass
+class TrainConfig:
+    lr: float = 6e-4
+    warmup_frac: float = 0.04
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    epochs: float = 10.0
+    # When set, overrides `epochs`.
+    max_steps: Optional[int] = None
+    # Sequences per optimizer step across all drafter ranks.
+    global_batch_sequences: int = 512
+    # Sequences per micro-batch on one drafter rank.
+    micro_batch_sequences: int = 8
+    eval_every: int = 500
+    eval_sequences: int = 256
+    checkpoint_every: int = 1000
+    keep_last: int = 3
+    resume: str = "none"
+    mixed_precision: Literal["no", "bf16"] = "bf16"
+    distributed: Literal["ddp", "deepspeed"] = "ddp"
+    deepspeed_config: str = "launch/deepspeed/zero2.json"
+
+
+@dataclass
+class TopologyConfig:
+    # 0 = colocated (each process runs the target itself); otherwise the first T ranks are target workers.
+    target_workers: int = 0
+
+
+@dataclass
+class StreamConfig:
+    depth: int = 2
+    timeout_s: float = 300.0
+
+
+@dataclass
+class LoggingConfig:
+    wandb: bool = True
+    wandb_project: str = "deepspec_train"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    log_every: int = 10
+    progress: bool = True
+
+
+@dataclass
+class RegenerateConfig:
+    temperature: float = 0.7
+    top_p: float = 0.8
+    top_k: int = 20
+    max_new_tokens: int = 4096
+    enable_thinking: bool = False
+    endpoints: list[str] = field(default_factory=list)
+    model: str = ""
+    concurrency: int = 16
+    retries: int = 3
+    timeout_s: float = 600.0
+    batch_size: int = 16
+
+
+@dataclass
+class RecipeConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    target: TargetConfig = field(default_factory=TargetConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    drafter: DrafterConfig = field(default_factory=DrafterConfig)
+    anchors: AnchorConfig = field(default_factory=AnchorConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)

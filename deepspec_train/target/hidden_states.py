@@ -1,0 +1,65 @@
+"""Run the target forward and collect what the drafter needs: the outputs of the tapped decoder layers
+(context features) and the final-norm output (the pre-LM-head state).
+
+Forward hooks are used instead of ``output_hidden_states`` because, with transformers 5.x, the last entry of
+``hidden_states`` already has the final norm applied and the indexing convention differs between versions;
+hooks on ``layers[k]`` and ``norm`` mean exactly "output of decoder layer k" and "what lm_head consumes".
+The LM head itself is never run here: full-vocabulary logits are not needed on the target side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass
+class TargetStates:
+    ctx_features: torch.Tensor  # [batch, seq, K * d]: tapped layer outputs, concatenated in layer-id order
+    final_hidden: torch.Tensor  # [batch, seq, d]: final-norm output
+
+
+def decoder_of(model: PreTrainedModel) -> torch.nn.Module:
+    """The decoder stack (``model.model`` for Qwen3/Llama-style causal LMs)."""
+    base = getattr(model, "model", None)
+    if base is None or not hasattr(base, "layers") or not hasattr(base, "norm"):
+        raise ValueError(f"{type(model).__name__}: expected a decoder with .layers and .norm (Qwen3/Llama style)")
+    return base
+
+
+class TargetTap:
+    """Hooks on the tapped layers and on the final norm of a causal LM."""
+
+    def __init__(self, model: PreTrainedModel, layer_ids: list[int]):
+        self.model = model
+        self.decoder = decoder_of(model)
+        num_layers = len(self.decoder.layers)
+        for layer_id in layer_ids:
+            if not 0 <= layer_id < num_layers - 1:
+                raise ValueError(
+                    f"target layer id {layer_id} out of range: the target has {num_layers} decoder layers and the "
+                    f"context must come from layers 0..{num_layers - 2} (never the last)"
+                )
+        self.layer_ids = list(layer_ids)
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> TargetStates:
+        captured: dict[str, torch.Tensor] = {}
+
+        def keep(name: str):
+            def hook(_module, _inputs, output):
+                captured[name] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        handles = [self.decoder.layers[i].register_forward_hook(keep(f"layer{i}")) for i in self.layer_ids]
+        handles.append(self.decoder.norm.register_forward_hook(keep("norm")))
+        try:
+            self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        finally:
+            for handle in handles:
+                handle.remove()
+        ctx = torch.cat([captured[f"layer{i}"] for i in self.layer_ids], dim=-1)
+        return TargetStates(ctx_features=ctx, final_hidden=captured["norm"])

@@ -1,0 +1,43 @@
+"""Command-line entry of training: ``recipe=NAME`` plus ``dotted.key=value`` overrides.
+
+The recipe is validated before anything heavy is imported or loaded, so a typo fails in well under a second
+with a one-line message.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from deepspec_train.config.loader import ConfigError, load_recipe
+
+USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
+
+
+def parse_command_line(argv: list[str]) -> tuple[str, list[str]]:
+    recipe = None
+    overrides = []
+    for arg in argv:
+        if arg in ("-h", "--help"):
+            raise ConfigError(USAGE)
+        if arg.startswith("recipe="):
+            recipe = arg.split("=", 1)[1]
+        elif arg.startswith("--"):
+            raise ConfigError(f"unexpected option '{arg}'; {USAGE}")
+        else:
+            overrides.append(arg)
+    if not recipe:
+        raise ConfigError(f"no recipe given; {USAGE}")
+    return recipe, overrides
+
+
+def main(argv: list[str]) -> int:
+    try:
+        recipe, overrides = parse_command_line(argv)
+        cfg = load_recipe(recipe, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    from deepspec_train.training.run import run_training
+
+    run_training(cfg)
+    return 0

@@ -1,0 +1,92 @@
+"""Recipes: every recipe in recipes/ validates, and bad recipes or overrides fail early with one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepspec_train.config.loader import ConfigError, available_recipes, load_recipe, save_resolved
+from deepspec_train.config.schema import RecipeConfig
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE_FILES = sorted((REPO / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=[p.stem for p in RECIPE_FILES])
+def test_every_recipe_validates(path: Path) -> None:
+    cfg = load_recipe(path.stem)
+    assert isinstance(cfg, RecipeConfig)
+    first_line = path.read_text().splitlines()[0]
+    assert first_line.startswith("# Launch:") and f"recipe={path.stem}" in first_line
+    assert cfg.run.name == path.stem
+
+
+def test_tiny_recipes_exist() -> None:
+    assert {"tiny-dspark", "tiny-dflash", "tiny-eagle3"} <= set(available_recipes())
+
+
+def test_overrides_apply_and_coerce() -> None:
+    cfg = load_recipe("tiny-dspark", ["train.lr=0.01", "drafter.num_layers=3", "target.layer_ids=[0,2]", "loss.alpha_tv=1"])
+    assert cfg.train.lr == 0.01 and cfg.drafter.num_layers == 3 and cfg.target.layer_ids == [0, 2]
+    assert isinstance(cfg.loss.alpha_tv, float)
+
+
+def test_base_inheritance() -> None:
+    dflash = load_recipe("tiny-dflash")
+    dspark = load_recipe("tiny-dspark")
+    assert dflash.drafter.markov_rank == 0 and not dflash.drafter.confidence_head
+    assert dflash.drafter.num_layers == dspark.drafter.num_layers
+    assert dflash.train.max_steps == dspark.train.max_steps
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model.no_such_key=1"], "unknown key 'model'"),
+        (["drafter.num_layerz=2"], "did you mean 'drafter.num_layers'"),
+        (["train.lr=fast"], "'train.lr' must be a number"),
+        (["drafter.num_layers=2.5"], "'drafter.num_layers' must be an integer"),
+        (["drafter.kind=medusa"], "is not one of"),
+        (["logging.wandb=maybe"], "must be true or false"),
+        (["target.layer_ids=3"], "must be a list"),
+        (["train.lr"], "dotted.key=value"),
+    ],
+)
+def test_bad_overrides(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_recipe("tiny-dspark", overrides)
+
+
+def test_unknown_recipe_suggests_closest() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'tiny-dspark'"):
+        load_recipe("tiny-dspak")
+
+
+def test_bad_recipe_file_names_file_and_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("# Launch: none\ndrafter:\n  block_sise: 7\n")
+    with pytest.raises(ConfigError) as info:
+        load_recipe(str(bad))
+    assert str(bad) in str(info.value) and "drafter.block_size" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_resolved_config_round_trips(tmp_path: Path) -> None:
+    cfg = load_recipe("tiny-eagle3", ["train.max_steps=3"])
+    out = tmp_path / "resolved.yaml"
+    save_resolved(cfg, out)
+    assert load_recipe(str(out)) == cfg
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["recipe=does-not-exist"], "unknown recipe 'does-not-exist'"), (["recipe=tiny-dspark", "model.no_such_key=1"], "unknown key 'model'")],
+)
+def test_train_py_fails_in_one_line(args: list[str], message: str) -> None:
+    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], proc.stderr
