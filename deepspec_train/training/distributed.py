@@ -1,0 +1,89 @@
+"""Process-group setup for launches by torchrun, accelerate or Slurm.
+
+The project sets its process groups up itself: ``accelerate launch --multi_gpu`` on a CPU-only machine starts
+the processes with RANK / WORLD_SIZE set but ``Accelerator()`` then reports no distributed type, so relying on
+it would silently train unsynchronised replicas. gloo is used on CPU and NCCL on GPU, same code otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class DistContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    drafter_group: Optional[dist.ProcessGroup]
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(timeout_s: float = 300.0) -> DistContext:
+    """Initialise the default process group from the launcher's environment (a no-op for one process)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+    group = dist.group.WORLD if world_size > 1 else None
+    return DistContext(rank, world_size, local_rank, device, group)
+
+
+def all_reduce_sum(value: float, ctx: DistContext) -> float:
+    """Sum a Python number over the drafter ranks."""
+    if not ctx.distributed:
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, group=ctx.drafter_group)
+    return float(t.item())
+
+
+def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
+    """Sum gradients over the drafter ranks (the loss is already normalised by the global supervised count).
+
+    Ranks may run different numbers of packed micro-batches in a step, which rules out DDP's per-backward
+    hooks; one flat all-reduce after accumulation costs the same bytes.
+    """
+    if not ctx.distributed:
+        return
+    grads = []
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grads.append(p.grad)
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=ctx.drafter_group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.distributed and dist.is_initialized():
+        dist.destroy_process_group()
