@@ -36,6 +36,10 @@ class DataConfig:
     cache_dir: str = "~/.cache/deepspec_train/shards"
     # A datasets split name when `train` / `validation` name a hub dataset or a dataset directory.
     split: str = "train"
+    # Passed to the chat template (Qwen3: thinking off renders an empty <think></think> block, as in generation).
+    enable_thinking: bool = False
+    # Worker processes for tokenisation (0 = in-process).
+    num_workers: int = 0
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from deepspec_train.training.distributed import DistContext
+from deepspec_train.training.distributed import DistContext, barrier
 
 PREFIX = "step_"
 
@@ -68,21 +68,21 @@ def save_checkpoint(
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    _barrier(ctx)
+    barrier(ctx)
     torch.save({"cpu": torch.get_rng_state(), **_cuda_rng()}, tmp / f"rng_rank{ctx.rank}.pt")
     if ctx.is_main:
         save_file(trainable_state(model), str(tmp / "drafter.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         state = {"step": step, "scheduler": scheduler.state_dict(), "data": data_state, "world_size": ctx.world_size}
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=_json_default))
-    _barrier(ctx)
+    barrier(ctx)
     if ctx.is_main:
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         for old in list_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-    _barrier(ctx)
+    barrier(ctx)
     return final
 
 
@@ -119,8 +119,3 @@ def _json_default(value):
     if isinstance(value, torch.Tensor):
         return value.tolist()
     raise TypeError(f"cannot serialise {type(value).__name__}")
-
-
-def _barrier(ctx: DistContext) -> None:
-    if ctx.distributed:
-        torch.distributed.barrier(group=ctx.drafter_group)

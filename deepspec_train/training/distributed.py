@@ -84,6 +84,11 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> 
         offset += g.numel()
 
 
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        dist.barrier(group=ctx.drafter_group)
+
+
 def shutdown(ctx: DistContext) -> None:
     if ctx.distributed and dist.is_initialized():
         dist.destroy_process_group()

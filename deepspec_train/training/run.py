@@ -23,7 +23,7 @@ from deepspec_train.models.factory import build_drafter, drafter_metadata
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model, load_tokenizer
 from deepspec_train.training.checkpoint import trainable_state
-from deepspec_train.training.distributed import DistContext, init_distributed, shutdown
+from deepspec_train.training.distributed import DistContext, barrier, init_distributed, shutdown
 from deepspec_train.training.feature_source import InProcessFeatureSource, PackingSpec
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
 
@@ -75,10 +75,16 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:
             continue
-        dataset, summary = build_token_dataset(
-            sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
-            split=cfg.data.split, progress=ctx.is_main,
-        )
+        # Rank 0 tokenises and fills the cache first; the other ranks then read the cache instead of redoing it.
+        for building in (True, False):
+            if building == ctx.is_main:
+                dataset, summary = build_token_dataset(
+                    sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
+                    split=cfg.data.split, progress=ctx.is_main,
+                    chat_template_kwargs={"enable_thinking": cfg.data.enable_thinking},
+                    num_workers=cfg.data.num_workers,
+                )
+            barrier(ctx)
         log.info("%s data: %s", split, summary.format())
         datasets[split] = dataset
     if "train" not in datasets:

@@ -179,6 +179,12 @@ class DrafterTrainer:
             stats.all_reduce(self.ctx.drafter_group)
             lengths.all_reduce(self.ctx.drafter_group)
         metrics = {"val/loss": total_loss / max(total_rows, 1.0)} | stats.summary("val") | lengths.summary("val")
+        if self.ctx.distributed:
+            # ECE and AUROC are not sums: gather every rank's (confidence, c*) pairs before scoring them.
+            gathered: list = [None] * self.ctx.world_size
+            torch.distributed.all_gather_object(gathered, (conf, target), group=self.ctx.drafter_group)
+            conf = [t for rank_conf, _ in gathered for t in rank_conf]
+            target = [t for _, rank_target in gathered for t in rank_target]
         if conf:
             probs, c_star = torch.cat(conf), torch.cat(target)
             metrics["val/conf_ece"] = float(ece(probs, c_star, n_bins=10))

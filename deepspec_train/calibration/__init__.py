@@ -1,0 +1,1 @@
+"""Post-training calibration of the confidence head (sequential temperature scaling)."""

@@ -1,0 +1,284 @@
+"""Read chat conversations from files or ``datasets`` and normalise them to one message form.
+
+Sources: JSONL (``.jsonl``; ``.json`` holding one object per line or a single JSON array), Parquet, Arrow
+(IPC file or stream), a directory written by ``datasets.save_to_disk``, a directory of such data files, a glob
+pattern, or anything ``datasets.load_dataset`` accepts (a hub name only works where the hub is reachable).
+Rows come in OpenAI form (``messages`` / ``role`` / ``content``) or ShareGPT form (``conversations`` /
+``from`` / ``value``) and are normalised to a list of ``{"role", "content"}`` messages.
+
+Bad rows are reported as ``BadRow`` values carrying a reason and a ``file:line`` location, so the caller
+decides whether to count and skip them or to stop.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+Message = dict
+"""One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
+
+BAD_ROW_REASONS = (
+    "invalid_json",
+    "missing_field",
+    "unknown_role",
+    "empty_assistant",
+    "nothing_to_supervise",
+    "too_long",
+)
+
+ROLES = ("system", "user", "assistant")
+SHAREGPT_ROLES = {
+    "system": "system",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+}
+
+JSON_SUFFIXES = (".jsonl", ".json")
+PARQUET_SUFFIXES = (".parquet",)
+ARROW_SUFFIXES = (".arrow",)
+DATA_FILE_SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
+
+# Rows are pulled from columnar files in batches of this many, to bound memory on large shards.
+_TABLE_BATCH_ROWS = 4096
+
+
+class BadRow(Exception):
+    """A row that cannot become a training sample; ``reason`` is one of ``BAD_ROW_REASONS``."""
+
+    def __init__(self, reason: str, where: str = "", detail: str = "") -> None:
+        if reason not in BAD_ROW_REASONS:
+            raise ValueError(f"unknown bad-row reason {reason!r}; expected one of {BAD_ROW_REASONS}")
+        self.reason = reason
+        self.where = where
+        self.detail = detail
+        super().__init__(self._message())
+
+    def at(self, where: str) -> BadRow:
+        """The same error located at ``where`` (renderers do not know the file they were called for)."""
+        return BadRow(self.reason, where, self.detail)
+
+    def _message(self) -> str:
+        location = f"{self.where}: " if self.where else ""
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"{location}bad row: {self.reason}{detail}"
+
+    def __reduce__(self) -> tuple:
+        return BadRow, (self.reason, self.where, self.detail)
+
+
+def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict | BadRow]]:
+    """Yield ``(where, record)`` for every row of ``source``; unparsable rows come as ``BadRow`` values.
+
+    ``where`` is ``path:line`` with a 1-based line for JSON lines, and ``path:index`` with a 0-based row index
+    for JSON arrays, Parquet, Arrow and ``datasets`` sources. ``split`` picks the split of a dataset dict or of
+    a ``load_dataset`` source.
+    """
+    path = Path(os.path.expanduser(source))
+    if path.is_file():
+        yield from _iter_file(path)
+    elif path.is_dir():
+        yield from _iter_directory(path, split)
+    elif glob.has_magic(source):
+        matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
+        if not matches:
+            raise FileNotFoundError(f"data source {source!r}: the pattern matches no file")
+        for match in matches:
+            yield from iter_records(match, split)
+    else:
+        yield from _iter_load_dataset(source, split)
+
+
+def _iter_file(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+    suffix = path.suffix.lower()
+    if suffix in JSON_SUFFIXES:
+        yield from _iter_json(path)
+    elif suffix in PARQUET_SUFFIXES:
+        yield from _iter_parquet(path)
+    elif suffix in ARROW_SUFFIXES:
+        yield from _iter_arrow(path)
+    else:
+        raise ValueError(f"data source {str(path)!r}: unsupported file type; expected one of {DATA_FILE_SUFFIXES}")
+
+
+def _iter_json(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+    with open(path, encoding="utf-8") as handle:
+        first = handle.read(1)
+        while first and first.isspace():
+            first = handle.read(1)
+    if first == "[":
+        yield from _iter_json_array(path)
+        return
+    with open(path, encoding="utf-8") as handle:
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_number}"
+            yield where, _parse_json_object(line, where)
+
+
+def _iter_json_array(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        # The whole array is unreadable; report it once, at the line where parsing failed.
+        yield f"{path}:{error.lineno}", BadRow("invalid_json", f"{path}:{error.lineno}", error.msg)
+        return
+    for index, row in enumerate(rows):
+        where = f"{path}:{index}"
+        yield where, row if isinstance(row, dict) else BadRow("invalid_json", where, "row is not a JSON object")
+
+
+def _parse_json_object(text: str, where: str) -> dict | BadRow:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        return BadRow("invalid_json", where, error.msg)
+    if not isinstance(value, dict):
+        return BadRow("invalid_json", where, "row is not a JSON object")
+    return value
+
+
+def _iter_parquet(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+    import pyarrow.parquet as pq
+
+    index = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=_TABLE_BATCH_ROWS):
+        for row in batch.to_pylist():
+            yield f"{path}:{index}", row
+            index += 1
+
+
+def _iter_arrow(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        try:
+            reader = pa.ipc.open_file(source)
+            batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+        except pa.ArrowInvalid:
+            # `datasets` writes the streaming IPC format; Feather v2 / pyarrow files use the file format.
+            source.seek(0)
+            batches = iter(pa.ipc.open_stream(source))
+        index = 0
+        for batch in batches:
+            for row in batch.to_pylist():
+                yield f"{path}:{index}", row
+                index += 1
+
+
+def _iter_directory(path: Path, split: str) -> Iterator[tuple[str, dict | BadRow]]:
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        yield from _iter_saved_dataset(path, split)
+        return
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DATA_FILE_SUFFIXES)
+    if files:
+        for file in files:
+            yield from _iter_file(file)
+    else:
+        yield from _iter_load_dataset(str(path), split)
+
+
+def _iter_saved_dataset(path: Path, split: str) -> Iterator[tuple[str, dict | BadRow]]:
+    import datasets
+
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise KeyError(f"data source {str(path)!r}: no split {split!r}; available: {sorted(loaded)}")
+        loaded = loaded[split]
+    yield from _iter_dataset_rows(loaded, str(path))
+
+
+def _iter_load_dataset(source: str, split: str) -> Iterator[tuple[str, dict | BadRow]]:
+    import datasets
+
+    try:
+        loaded = datasets.load_dataset(source, split=split)
+    except Exception as error:
+        raise FileNotFoundError(
+            f"data source {source!r} is not a local file or directory, and datasets.load_dataset could not load "
+            f"it (a hub dataset needs network access; offline, download it elsewhere and pass the local "
+            f"path): {type(error).__name__}: {error}"
+        ) from error
+    yield from _iter_dataset_rows(loaded, source)
+
+
+def _iter_dataset_rows(dataset: Any, name: str) -> Iterator[tuple[str, dict | BadRow]]:
+    for index, row in enumerate(dataset):
+        yield f"{name}:{index}", row
+
+
+def normalize_conversation(record: dict, where: str) -> list[Message]:
+    """Return the record's messages as ``[{"role", "content"}]``; raise ``BadRow`` if they are unusable.
+
+    OpenAI form: ``{"messages": [{"role", "content"}]}``, where ``content`` may also be a list of
+    ``{"type": "text", "text"}`` parts. ShareGPT form: ``{"conversations": [{"from", "value"}]}`` with
+    ``from`` in human/user, gpt/assistant/chatgpt, system. An assistant turn with blank content is a bad row.
+    """
+    if isinstance(record.get("messages"), list):
+        turns, role_key, content_key, role_names = record["messages"], "role", "content", {r: r for r in ROLES}
+    elif isinstance(record.get("conversations"), list):
+        turns, role_key, content_key, role_names = record["conversations"], "from", "value", SHAREGPT_ROLES
+    else:
+        raise BadRow("missing_field", where, "no 'messages' or 'conversations' list")
+    messages = []
+    for position, turn in enumerate(turns):
+        if not isinstance(turn, dict) or turn.get(role_key) is None or turn.get(content_key) is None:
+            raise BadRow("missing_field", where, f"turn {position} lacks '{role_key}' or '{content_key}'")
+        role = role_names.get(str(turn[role_key]).lower())
+        if role is None:
+            raise BadRow("unknown_role", where, f"turn {position} has role {turn[role_key]!r}")
+        content = _content_text(turn[content_key])
+        if content is None:
+            raise BadRow("missing_field", where, f"turn {position} has non-text content")
+        if role == "assistant" and not content.strip():
+            raise BadRow("empty_assistant", where, f"turn {position}")
+        messages.append({"role": role, "content": content})
+    return messages
+
+
+def _content_text(content: Any) -> str | None:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text" for part in content):
+        return "".join(str(part.get("text", "")) for part in content)
+    return None
+
+
+def to_openai_form(record: dict, where: str) -> dict:
+    """The record with its conversation as a normalised ``messages`` list; other keys are kept as they are."""
+    messages = normalize_conversation(record, where)
+    converted = {key: value for key, value in record.items() if key not in ("messages", "conversations")}
+    converted["messages"] = messages
+    return converted
+
+
+def write_conversations_jsonl(path: str | os.PathLike, rows: Iterable[dict]) -> None:
+    """Write OpenAI-form rows (``messages`` plus any extra keys) as UTF-8 JSON lines, atomically."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        for row in rows:
+            if not isinstance(row.get("messages"), list):
+                raise TypeError(f"write_conversations_jsonl: row without a 'messages' list: {row!r:.200}")
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(temporary, target)
+
+
+def read_conversations_jsonl(path: str | os.PathLike) -> list[dict]:
+    """Read a conversations JSONL file into OpenAI-form rows, keeping extra keys; raise ``BadRow`` on a bad row."""
+    rows = []
+    for where, record in _iter_json(Path(path)):
+        if isinstance(record, BadRow):
+            raise record
+        rows.append(to_openai_form(record, where))
+    return rows

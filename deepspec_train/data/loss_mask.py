@@ -1,0 +1,101 @@
+"""Render a conversation with the target's chat template and mark the tokens the drafter learns to predict.
+
+The loss mask covers exactly what the target generates in each assistant turn: the content (including any
+``<think>...</think>`` block written in it) and the end-of-turn token, but not the assistant header that
+the prompt already contains, nor system or user tokens. It is built from message boundaries, never by
+searching the text: for each assistant message ``i``, the rendering of ``messages[:i]`` with a generation
+prompt and the rendering of ``messages[:i+1]`` bound the characters the model generated. The full text is
+tokenised once with offsets, and a token is supervised when its first character lies inside such a span.
+
+Everything after the turn's last non-whitespace character (the newline ChatML puts after ``<|im_end|>``) is
+template glue between turns, not generated, so it is left out of the span.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from deepspec_train.data.conversations import BadRow, Message
+
+
+class TemplateNotPrefixStableError(ValueError):
+    """The chat template renders a conversation prefix differently from the start of the whole conversation."""
+
+
+def render_text(
+    tokenizer: Any, messages: list[Message], add_generation_prompt: bool, chat_template_kwargs: dict | None = None
+) -> str:
+    """The chat template's text for ``messages`` (no tokenisation)."""
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, **(chat_template_kwargs or {})
+    )
+
+
+def assistant_char_spans(
+    tokenizer: Any, messages: list[Message], chat_template_kwargs: dict | None = None
+) -> tuple[str, list[tuple[int, int]]]:
+    """The full rendered text and the ``[start, end)`` character span generated in each assistant turn.
+
+    Raises ``TemplateNotPrefixStableError`` when the rendering of a prefix (with or without the generation
+    prompt) is not a prefix of the next rendering, since then no span can be read off the boundaries.
+    """
+    full_text = render_text(tokenizer, messages, False, chat_template_kwargs)
+    spans = []
+    for index, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        prompt = render_text(tokenizer, messages[:index], True, chat_template_kwargs)
+        through_turn = render_text(tokenizer, messages[: index + 1], False, chat_template_kwargs)
+        _require_prefix(
+            prompt, through_turn, f"messages[:{index}] with the generation prompt", f"messages[:{index + 1}]"
+        )
+        _require_prefix(through_turn, full_text, f"messages[:{index + 1}]", "the whole conversation")
+        end = len(through_turn.rstrip())
+        if end > len(prompt):
+            spans.append((len(prompt), end))
+    return full_text, spans
+
+
+def _require_prefix(prefix: str, text: str, prefix_name: str, text_name: str) -> None:
+    if text.startswith(prefix):
+        return
+    mismatch = next((i for i, (a, b) in enumerate(zip(prefix, text)) if a != b), min(len(prefix), len(text)))
+    raise TemplateNotPrefixStableError(
+        f"the chat template is not prefix-stable: the rendering of {prefix_name} is not a prefix of the rendering "
+        f"of {text_name} (they differ at character {mismatch}: {prefix[mismatch : mismatch + 40]!r} vs "
+        f"{text[mismatch : mismatch + 40]!r}). Assistant spans cannot be read off message boundaries; use a "
+        f"template that renders earlier turns verbatim (e.g. deepspec_train.data.chatml_template), or check "
+        f"that chat_template_kwargs (such as enable_thinking) match the data."
+    )
+
+
+def render_with_loss_mask(
+    tokenizer: Any,
+    messages: list[Message],
+    max_length: int | None = None,
+    chat_template_kwargs: dict | None = None,
+) -> tuple[list[int], list[int]]:
+    """Token ids of the rendered conversation and a 0/1 mask that is 1 on assistant-generated tokens.
+
+    Raises ``BadRow("too_long")`` when the ids exceed ``max_length`` (never truncates) and
+    ``BadRow("nothing_to_supervise")`` when no token is supervised; the caller adds the row's location.
+    """
+    full_text, spans = assistant_char_spans(tokenizer, messages, chat_template_kwargs)
+    encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+    input_ids = list(encoding["input_ids"])
+    if max_length is not None and len(input_ids) > max_length:
+        raise BadRow("too_long", detail=f"{len(input_ids)} tokens > max_length {max_length}")
+    loss_mask = _mask_from_offsets(encoding["offset_mapping"], spans)
+    if not any(loss_mask):
+        raise BadRow("nothing_to_supervise", detail="no assistant token")
+    return input_ids, loss_mask
+
+
+def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(offsets))
+    mask = np.zeros(len(offsets), dtype=bool)
+    for span_start, span_end in spans:
+        mask |= (starts >= span_start) & (starts < span_end)
+    return mask.astype(np.int64).tolist()

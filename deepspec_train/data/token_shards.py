@@ -1,0 +1,255 @@
+"""Tokenise chat sources once into Arrow shards, cached by (data, tokenizer, template, max_length).
+
+``build_token_dataset`` reads every source (see ``conversations.iter_records``), renders each conversation
+with its loss mask (``loss_mask.render_with_loss_mask``) and writes the samples as Arrow stream files under
+``cache_dir/<key>/``, with the run's ``DataSummary`` beside them. The key hashes each source's identity (path,
+size and modification time of every file), the tokenizer's full serialisation (vocabulary, merges, specials),
+the chat template and its keyword arguments, and ``max_length``, so a re-run with the same inputs memory-maps
+the shards without tokenising, and any change builds a new entry. The entry is written to a temporary
+directory and renamed into place, so an interrupted build never leaves a half-written cache, and concurrent
+builders (several ranks) agree on one result.
+
+Rendering is pure Python (the chat template runs once per prefix), so large builds can use ``num_workers``
+processes; shards are written by the parent in source order either way.
+
+Bad rows are counted by reason and skipped; with ``strict=True`` the first one raises ``BadRow`` naming its
+file and line (also when the entry comes from a cache built non-strictly, whose summary remembers it).
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import datasets
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation
+from deepspec_train.data.loss_mask import render_with_loss_mask
+
+# Bump when the shard layout or the rendering rules change, so old cache entries are not reused.
+CACHE_FORMAT_VERSION = 1
+SUMMARY_FILE = "summary.json"
+SHARD_ROWS = 8192
+# Rows sent to a worker process at a time: large enough to amortise pickling, small enough to balance load.
+WORKER_CHUNK_ROWS = 64
+
+SHARD_SCHEMA = pa.schema(
+    [
+        ("input_ids", pa.list_(pa.int32())),
+        ("loss_mask", pa.list_(pa.int8())),
+        ("sample_id", pa.int64()),
+        ("length", pa.int32()),
+    ]
+)
+
+
+@dataclass
+class DataSummary:
+    """What a build kept and skipped; ``first_bad`` is the location and reason of the first skipped row."""
+
+    kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    supervised_tokens: int = 0
+    total_tokens: int = 0
+    cache_path: str = ""
+    from_cache: bool = False
+    first_bad: dict[str, str] | None = None
+
+    def format(self) -> str:
+        """A human summary: one line for the kept samples, then one line per skip reason."""
+        origin = "reused cache" if self.from_cache else "built cache"
+        lines = [
+            (
+                f"kept {self.kept} conversations, {self.total_tokens} tokens, {self.supervised_tokens} supervised "
+                f"({origin} {self.cache_path})"
+            )
+        ]
+        for reason, count in sorted(self.skipped.items()):
+            lines.append(f"skipped {count}: {reason}")
+        return "\n".join(lines)
+
+
+def build_token_dataset(
+    sources: list[str],
+    tokenizer: Any,
+    max_length: int,
+    cache_dir: str,
+    strict: bool = False,
+    split: str = "train",
+    progress: bool = True,
+    chat_template_kwargs: dict | None = None,
+    num_workers: int = 0,
+) -> tuple[datasets.Dataset, DataSummary]:
+    """Tokenised samples with columns ``input_ids``, ``loss_mask``, ``sample_id``, ``length``, and a summary.
+
+    ``sample_id`` is the sample's 0-based index in the returned dataset (stable across cache reuse).
+    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) are passed to the chat template.
+    ``num_workers > 0`` renders in that many spawned processes; the result is identical to a serial build.
+    """
+    if not sources:
+        raise ValueError("build_token_dataset: no data sources given")
+    renderer = _Renderer(tokenizer, max_length, chat_template_kwargs)
+    entry = Path(os.path.expanduser(cache_dir)) / cache_key(sources, tokenizer, max_length, split, chat_template_kwargs)
+    from_cache = (entry / SUMMARY_FILE).is_file()
+    if not from_cache:
+        _build_entry(entry, sources, split, renderer, strict, progress, num_workers)
+    summary = DataSummary(**json.loads((entry / SUMMARY_FILE).read_text()))
+    summary.cache_path = str(entry)
+    summary.from_cache = from_cache
+    if strict and summary.first_bad is not None:
+        raise BadRow(**summary.first_bad)
+    return _load_shards(entry), summary
+
+
+def cache_key(
+    sources: list[str], tokenizer: Any, max_length: int, split: str, chat_template_kwargs: dict | None
+) -> str:
+    """A hex digest naming the cache entry for these inputs."""
+    identity = {
+        "version": CACHE_FORMAT_VERSION,
+        "sources": [_source_identity(source, split) for source in sources],
+        "tokenizer": _tokenizer_identity(tokenizer),
+        "chat_template": tokenizer.chat_template,
+        "chat_template_kwargs": chat_template_kwargs or {},
+        "max_length": max_length,
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _source_identity(source: str, split: str) -> dict:
+    path = Path(os.path.expanduser(source))
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        files = [Path(match) for match in sorted(glob.glob(os.path.expanduser(source), recursive=True))]
+    stats = [(str(file.resolve()), file.stat().st_size, file.stat().st_mtime_ns) for file in files]
+    # A hub name has no local files; its name and split are all that identify it here.
+    return {"source": source, "split": split, "files": stats}
+
+
+def _tokenizer_identity(tokenizer: Any) -> str:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        # The full serialisation covers vocabulary, merges, normaliser, pre-tokeniser and added tokens.
+        text = backend.to_str()
+    else:
+        text = json.dumps(sorted(tokenizer.get_vocab().items()))
+    text += json.dumps(sorted(str(token) for token in tokenizer.all_special_tokens))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class _Renderer:
+    """Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable."""
+
+    tokenizer: Any
+    max_length: int
+    chat_template_kwargs: dict | None
+
+    def __call__(self, item: tuple[str, dict | BadRow]) -> tuple[list[int], list[int]] | BadRow:
+        where, record = item
+        try:
+            if isinstance(record, BadRow):
+                return record
+            messages = normalize_conversation(record, where)
+            return render_with_loss_mask(self.tokenizer, messages, self.max_length, self.chat_template_kwargs)
+        except BadRow as error:
+            return error if error.where else error.at(where)
+
+
+def _build_entry(
+    entry: Path, sources: list[str], split: str, renderer: _Renderer, strict: bool, progress: bool, num_workers: int
+) -> None:
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
+    try:
+        records = (item for source in sources for item in iter_records(source, split))
+        if num_workers > 0:
+            # Spawned rather than forked: the parent may already run tokenizer or torch threads.
+            with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+                results = pool.imap(renderer, records, chunksize=WORKER_CHUNK_ROWS)
+                summary = _write_shards(staging, results, strict, progress)
+        else:
+            summary = _write_shards(staging, map(renderer, records), strict, progress)
+        (staging / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            # Another process finished the same entry first; its content is identical, keep it.
+            if not (entry / SUMMARY_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _write_shards(
+    directory: Path, results: Iterator[tuple[list[int], list[int]] | BadRow], strict: bool, progress: bool
+) -> DataSummary:
+    summary = DataSummary()
+    skipped: Counter[str] = Counter()
+    writer = _ShardWriter(directory)
+    for result in tqdm(results, desc="tokenising conversations", unit=" rows", disable=not progress):
+        if isinstance(result, BadRow):
+            if strict:
+                raise result
+            skipped[result.reason] += 1
+            if summary.first_bad is None:
+                summary.first_bad = {"reason": result.reason, "where": result.where, "detail": result.detail}
+            continue
+        input_ids, loss_mask = result
+        writer.add(input_ids, loss_mask, summary.kept)
+        summary.kept += 1
+        summary.total_tokens += len(input_ids)
+        summary.supervised_tokens += sum(loss_mask)
+    writer.close()
+    summary.skipped = dict(skipped)
+    return summary
+
+
+class _ShardWriter:
+    """Buffers samples and writes them as numbered Arrow stream files of at most ``SHARD_ROWS`` rows."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.rows: dict[str, list] = {name: [] for name in SHARD_SCHEMA.names}
+        self.shard_count = 0
+
+    def add(self, input_ids: list[int], loss_mask: list[int], sample_id: int) -> None:
+        self.rows["input_ids"].append(input_ids)
+        self.rows["loss_mask"].append(loss_mask)
+        self.rows["sample_id"].append(sample_id)
+        self.rows["length"].append(len(input_ids))
+        if len(self.rows["sample_id"]) >= SHARD_ROWS:
+            self._flush()
+
+    def close(self) -> None:
+        # An empty build still writes one (empty) shard so that loading yields a dataset with the schema.
+        if self.rows["sample_id"] or self.shard_count == 0:
+            self._flush()
+
+    def _flush(self) -> None:
+        table = pa.Table.from_pydict(self.rows, schema=SHARD_SCHEMA)
+        path = self.directory / f"shard-{self.shard_count:05d}.arrow"
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, SHARD_SCHEMA) as writer:
+            writer.write_table(table)
+        self.shard_count += 1
+        self.rows = {name: [] for name in SHARD_SCHEMA.names}
+
+
+def _load_shards(entry: Path) -> datasets.Dataset:
+    shards = sorted(entry.glob("shard-*.arrow"))
+    return datasets.concatenate_datasets([datasets.Dataset.from_file(str(shard)) for shard in shards])

@@ -1,0 +1,1 @@
+"""Offline speculative-decoding evaluation: exact verification of drafted blocks and acceptance measurement."""

@@ -1,0 +1,31 @@
+"""Drafter-quality metrics: per-position acceptance and expected length, confidence calibration, and plots.
+
+``deepspec_train.metrics.plots`` is not re-exported so that importing the metrics does not import matplotlib.
+"""
+
+from deepspec_train.metrics.acceptance import (
+    BlockLengthStats,
+    PositionStats,
+    block_expected_lengths,
+    expected_accept_length,
+    rows_to_blocks,
+    slot_index_of_rows,
+    tau_analytic,
+)
+from deepspec_train.metrics.calibration import ReliabilityCurve, auroc, auroc_soft, brier, ece, reliability_curve
+
+__all__ = [
+    "BlockLengthStats",
+    "PositionStats",
+    "ReliabilityCurve",
+    "auroc",
+    "auroc_soft",
+    "block_expected_lengths",
+    "brier",
+    "ece",
+    "expected_accept_length",
+    "reliability_curve",
+    "rows_to_blocks",
+    "slot_index_of_rows",
+    "tau_analytic",
+]

@@ -1,0 +1,124 @@
+"""``deepspec regenerate``: rewrite a prompt set's assistant turns with the target's answers.
+
+Examples::
+
+    # against running vLLM / SGLang servers (model = the served model name)
+    deepspec regenerate --input prompts.jsonl --output regen.jsonl --backend http \\
+        --endpoint http://node1:8000 --endpoint http://node2:8000 --model Qwen/Qwen3-8B --recipe qwen3-8b
+    # a small target with transformers on this machine
+    python -m deepspec_train.regenerate.cli --input prompts.jsonl --output regen.jsonl --backend local \\
+        --model runs/tinyworld/target --batch-size 32
+
+Sampling parameters come from the recipe's ``regenerate`` section (DeepSpec's defaults without one); flags
+override single fields. Re-running the same command resumes. The exit status is 0 when every row is done,
+1 when some failed (run again to retry them), 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.config.schema import RegenerateConfig
+from deepspec_train.regenerate.backend import ChatBackend
+from deepspec_train.regenerate.runner import MULTI_TURN_MODES, regenerate_file
+from deepspec_train.regenerate.sampling import SamplingParams
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--input", required=True, help="prompt set: JSONL / Parquet / Arrow / dataset directory")
+    parser.add_argument("--output", required=True, help="JSONL written (and resumed) row by row")
+    parser.add_argument("--backend", choices=("local", "http"), default="http")
+    parser.add_argument("--model", default=None, help="local: model directory; http: the served model name")
+    parser.add_argument("--endpoint", action="append", default=None, help="server base URL; repeat for several")
+    parser.add_argument("--recipe", default=None, help="recipe name or YAML path whose 'regenerate' section to use")
+    parser.add_argument(
+        "--multi-turn",
+        choices=MULTI_TURN_MODES,
+        default="first",
+        help="first: answer the first user turn only; all: regenerate every assistant turn",
+    )
+    parser.add_argument("--split", default="train", help="split of a dataset-directory input")
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=None)
+    parser.add_argument("--concurrency", type=int, default=None, help="http: requests in flight")
+    parser.add_argument("--retries", type=int, default=None, help="http: retries per request")
+    parser.add_argument("--timeout", type=float, default=None, help="http: seconds per request")
+    parser.add_argument("--batch-size", type=int, default=None, help="local: conversations per generate call")
+    parser.add_argument("--device", default="cpu", help="local: torch device")
+    parser.add_argument("--seed", type=int, default=0, help="local: sampling seed")
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _recipe_settings(args: argparse.Namespace) -> tuple[RegenerateConfig, str]:
+    """The recipe's regenerate section and its target path (defaults when no recipe is given)."""
+    if args.recipe is None:
+        return RegenerateConfig(), ""
+    recipe = load_recipe(args.recipe)
+    return recipe.regenerate, recipe.target.path
+
+
+def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: str) -> ChatBackend:
+    model = args.model or cfg.model or target_path
+    if not model:
+        raise ConfigError("--model is required (or a recipe with regenerate.model or target.path)")
+    if args.backend == "local":
+        from deepspec_train.regenerate.local_backend import LocalBackend
+
+        batch_size = args.batch_size if args.batch_size is not None else cfg.batch_size
+        return LocalBackend(model, batch_size=batch_size, device=args.device, seed=args.seed)
+    from deepspec_train.regenerate.http_backend import OpenAIChatBackend
+
+    endpoints = args.endpoint or cfg.endpoints
+    if not endpoints:
+        raise ConfigError("--endpoint is required for --backend http (or a recipe with regenerate.endpoints)")
+    return OpenAIChatBackend(
+        endpoints,
+        model,
+        concurrency=args.concurrency if args.concurrency is not None else cfg.concurrency,
+        retries=args.retries if args.retries is not None else cfg.retries,
+        timeout_s=args.timeout if args.timeout is not None else cfg.timeout_s,
+        api_key=os.environ.get("OPENAI_API_KEY"),
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg, target_path = _recipe_settings(args)
+        sampling = SamplingParams.from_recipe(cfg).with_overrides(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_new_tokens=args.max_new_tokens,
+            enable_thinking=args.enable_thinking,
+        )
+        backend = build_backend(args, cfg, target_path)
+    except (ConfigError, ValueError) as exc:
+        print(f"deepspec regenerate: {exc}", file=sys.stderr)
+        return 2
+    summary = regenerate_file(
+        args.input,
+        args.output,
+        backend,
+        sampling,
+        progress=not args.no_progress,
+        multi_turn=args.multi_turn,
+        split=args.split,
+    )
+    print(summary.format())
+    return 0 if summary.failed == 0 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="deepspec regenerate", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
