@@ -1,0 +1,76 @@
+"""Shared test helpers for the parallel drafter and packing tests: tiny geometry, drafters, random sequences."""
+
+from __future__ import annotations
+
+import torch
+
+from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.packing.packer import SequenceItem
+
+VOCAB = 97
+MASK_ID = 96
+HIDDEN = 32
+LAYER_IDS = [0, 2]
+BLOCK = 4
+
+TINY_GEOMETRY = DrafterGeometry(
+    hidden_size=HIDDEN,
+    intermediate_size=48,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    vocab_size=VOCAB,
+    num_target_layers=4,
+    max_position_embeddings=512,
+)
+
+
+def drafter_config(kind: str = "dspark", **overrides) -> DrafterConfig:
+    """A tiny DSpark (rank 8, confidence head) or DFlash (rank 0, no confidence head) config."""
+    base = dict(kind=kind, num_layers=2, block_size=BLOCK, mask_token_id=MASK_ID)
+    if kind == "dspark":
+        base.update(markov_rank=8, confidence_head=True)
+    else:
+        base.update(markov_rank=0, confidence_head=False)
+    base.update(overrides)
+    return DrafterConfig(**base)
+
+
+def tiny_drafter(kind: str = "dspark", seed: int = 0, **overrides) -> ParallelDrafter:
+    """A tiny fp32 drafter with every weight random (Markov W2 too, so its bias is not trivially zero)."""
+    torch.manual_seed(seed)
+    model = ParallelDrafter(TINY_GEOMETRY, drafter_config(kind, **overrides), LAYER_IDS)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("markov_w2.weight") or name.endswith("proj.bias"):
+                param.normal_(std=0.1)
+    return model.eval()
+
+
+def random_loss_mask(length: int, generator: torch.Generator) -> torch.Tensor:
+    """Alternating unsupervised/supervised spans (like user/assistant turns), random lengths."""
+    mask = torch.zeros(length, dtype=torch.bool)
+    pos, supervised = 0, False
+    while pos < length:
+        span = int(torch.randint(2, 12, (1,), generator=generator))
+        mask[pos : pos + span] = supervised
+        pos += span
+        supervised = not supervised
+    return mask
+
+
+def random_item(length: int, sample_id: int, generator: torch.Generator) -> SequenceItem:
+    """A sequence with random tokens, loss mask and target features (``K*d`` context, ``d`` final)."""
+    return SequenceItem(
+        input_ids=torch.randint(0, MASK_ID, (length,), generator=generator),
+        loss_mask=random_loss_mask(length, generator),
+        ctx_features=torch.randn(length, len(LAYER_IDS) * HIDDEN, generator=generator),
+        final_hidden=torch.randn(length, HIDDEN, generator=generator),
+        sample_id=sample_id,
+    )
