@@ -177,3 +177,22 @@ def test_worker_processes_give_the_same_result(tokenizer, mixed_file, tmp_path):
     assert parallel.to_dict() == serial.to_dict()
     assert parallel_summary.skipped == serial_summary.skipped
     assert parallel_summary.first_bad == serial_summary.first_bad
+
+
+def test_row_the_template_cannot_render_prefix_stably_is_skipped(tmp_path, tokenizer):
+    rows = [
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "<think>x</think>Hello"}]},
+        {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dataset, summary = token_shards.build_token_dataset(
+        [str(path)], tokenizer, MAX_LENGTH, str(tmp_path / "cache"), progress=False,
+        chat_template_kwargs={"enable_thinking": False},
+    )
+    assert len(dataset) == 1 and summary.skipped == {"template_mismatch": 1}
+    with pytest.raises(BadRow, match="rows.jsonl:1"):
+        token_shards.build_token_dataset(
+            [str(path)], tokenizer, MAX_LENGTH, str(tmp_path / "cache2"), strict=True, progress=False,
+            chat_template_kwargs={"enable_thinking": False},
+        )

@@ -29,6 +29,9 @@ BAD_ROW_REASONS = (
     "empty_assistant",
     "nothing_to_supervise",
     "too_long",
+    # The chat template renders this conversation differently as a prefix than in full (e.g. an assistant turn
+    # that opens with <think> while thinking is off), so its assistant span cannot be located.
+    "template_mismatch",
 )
 
 ROLES = ("system", "user", "assistant")

@@ -36,7 +36,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation
-from deepspec_train.data.loss_mask import render_with_loss_mask
+from deepspec_train.data.loss_mask import TemplateNotPrefixStableError, render_with_loss_mask
 
 # Bump when the shard layout or the rendering rules change, so old cache entries are not reused.
 CACHE_FORMAT_VERSION = 1
@@ -167,6 +167,8 @@ class _Renderer:
                 return record
             messages = normalize_conversation(record, where)
             return render_with_loss_mask(self.tokenizer, messages, self.max_length, self.chat_template_kwargs)
+        except TemplateNotPrefixStableError as error:
+            return BadRow("template_mismatch", where, str(error).split(" (")[0])
         except BadRow as error:
             return error if error.where else error.at(where)
 

@@ -1,0 +1,194 @@
+"""Build a tiny world into a directory: corpus, tokenizer, trained target, regenerated conversations, suites.
+
+Layout written under ``out``::
+
+    target/                        Qwen3ForCausalLM (safetensors) + tokenizer with the ChatML template
+    corpus/train.jsonl             the conversations the target was trained on (original answers)
+    corpus/heldout.jsonl           conversations never trained on (original answers; held-out loss)
+    corpus/regenerate_{train,validation}_source.jsonl   the prompts handed to the regeneration runner
+    conversations/train.jsonl      drafter training set: target-trained prompts, answers by the target
+    conversations/validation.jsonl drafter validation set: held-out prompts, answers by the target
+    suites/{code,prose,math}.jsonl held-out prompts (``id``, ``category``, ``turns``) for the evaluator
+    build_report.json              timings, parameter count, held-out losses and unigram entropies, config
+
+Validation conversations and suite prompts come from disjoint halves of the held-out set, so neither the
+target nor a drafter has seen a suite prompt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from tqdm import tqdm
+from transformers import GenerationConfig, Qwen3ForCausalLM
+
+from deepspec_train.regenerate.local_backend import LocalBackend
+from deepspec_train.regenerate.runner import regenerate_file
+from deepspec_train.regenerate.sampling import SamplingParams
+from deepspec_train.tinyworld.corpus import DOMAINS, build_corpus, split_heldout
+from deepspec_train.tinyworld.presets import TinyWorldPreset
+from deepspec_train.tinyworld.target_training import (
+    assistant_tokens,
+    masked_nll,
+    render_ids,
+    target_config,
+    train_target,
+    unigram_entropy,
+)
+from deepspec_train.tinyworld.tokenizer_builder import END_OF_TEXT, IM_START, MASK_TOKEN, build_tokenizer
+
+OUTPUT_ENTRIES = ("target", "corpus", "conversations", "suites", "build_report.json")
+
+
+def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def suite_rows(rows: list[dict]) -> list[dict]:
+    """Held-out conversations as evaluator prompts: the user turns only, MT-Bench style."""
+    return [
+        {"id": r["id"], "category": r["category"], "turns": [m["content"] for m in r["messages"] if m["role"] == "user"]}
+        for r in rows
+    ]
+
+
+def balanced_sample(by_domain: dict[str, list[dict]], total: int, rng: random.Random) -> list[dict]:
+    """About ``total / len(domains)`` rows of each domain, grouped by domain: a regeneration batch then holds
+    prompts of similar lengths and wastes little compute on padding."""
+    share = total // len(by_domain)
+    return [row for rows in by_domain.values() for row in rng.sample(rows, min(share, len(rows)))]
+
+
+def clear_outputs(out: Path) -> None:
+    """Remove what an earlier build wrote (and only that): the regeneration runner resumes from existing
+    output files, which must not happen across builds."""
+    for name in OUTPUT_ENTRIES:
+        path = out / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def format_loss_table(losses: dict[str, float], entropies: dict[str, float]) -> str:
+    lines = [f"{'domain':<8} {'held-out loss':>14} {'unigram entropy':>16}   (nats/token, assistant tokens)"]
+    lines += [f"{d:<8} {losses[d]:>14.3f} {entropies[d]:>16.3f}" for d in losses]
+    return "\n".join(lines)
+
+
+def build_tiny_world(
+    out: str | Path, preset: TinyWorldPreset, seed: int = 0, progress: bool = True, overwrite: bool = False
+) -> dict:
+    """Build the tiny world of ``preset`` into ``out`` and return the build report (also written to disk)."""
+    out = Path(out)
+    if any((out / name).exists() for name in OUTPUT_ENTRIES):
+        if not overwrite:
+            raise FileExistsError(f"{out} already holds a tiny world; pass overwrite=True (--force) to rebuild it")
+        clear_outputs(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+    started = time.perf_counter()
+
+    clock = time.perf_counter()
+    corpus = build_corpus(preset.num_code, preset.num_prose, preset.num_math, seed, progress=progress)
+    train_by_domain, heldout_by_domain = {}, {}
+    for domain in DOMAINS:
+        train_by_domain[domain], heldout_by_domain[domain] = split_heldout(
+            corpus[domain], preset.heldout_per_domain, seed
+        )
+    train_rows = [r for d in DOMAINS for r in train_by_domain[d]]
+    heldout_rows = [r for d in DOMAINS for r in heldout_by_domain[d]]
+    write_jsonl(out / "corpus" / "train.jsonl", train_rows)
+    write_jsonl(out / "corpus" / "heldout.jsonl", heldout_rows)
+    timings["corpus_s"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    tokenizer = build_tokenizer(train_rows, preset.vocab_size, progress=progress)
+    timings["tokenizer_s"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(target_config(preset, tokenizer))
+    num_parameters = sum(p.numel() for p in model.parameters())
+    train_ids = render_ids(tokenizer, train_rows)
+    stats = train_target(model, train_ids, tokenizer.pad_token_id, preset, seed, progress=progress)
+    timings["target_training_s"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    losses, entropies = {}, {}
+    for domain in tqdm(DOMAINS, desc="tinyworld: held-out loss", disable=not progress):
+        encoded = assistant_tokens(tokenizer, heldout_by_domain[domain], preset.seq_len)
+        losses[domain] = masked_nll(model, encoded)
+        entropies[domain] = unigram_entropy(encoded)
+    timings["evaluation_s"] = time.perf_counter() - clock
+
+    target_dir = out / "target"
+    model.generation_config = GenerationConfig(
+        eos_token_id=model.config.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    model.save_pretrained(target_dir)
+    tokenizer.save_pretrained(target_dir)
+
+    clock = time.perf_counter()
+    rng = random.Random(f"{seed}-regenerate")
+    validation_by_domain = {d: rows[: len(rows) // 2] for d, rows in heldout_by_domain.items()}
+    for domain, rows in heldout_by_domain.items():
+        write_jsonl(out / "suites" / f"{domain}.jsonl", suite_rows(rows[len(rows) // 2 :]))
+    sources = {
+        "train": balanced_sample(train_by_domain, preset.regen_train, rng),
+        "validation": balanced_sample(validation_by_domain, preset.regen_validation, rng),
+    }
+    backend = LocalBackend(str(target_dir), batch_size=preset.regen_batch_size, seed=seed)
+    sampling = SamplingParams(
+        temperature=preset.regen_temperature,
+        top_p=preset.regen_top_p,
+        top_k=preset.regen_top_k,
+        max_new_tokens=preset.regen_max_new_tokens,
+        enable_thinking=False,
+    )
+    regeneration = {}
+    for split, rows in sources.items():
+        source_path = out / "corpus" / f"regenerate_{split}_source.jsonl"
+        write_jsonl(source_path, rows)
+        summary = regenerate_file(
+            str(source_path), str(out / "conversations" / f"{split}.jsonl"), backend, sampling, progress=progress
+        )
+        if summary.failed or summary.bad_rows:
+            raise RuntimeError(f"regenerating the {split} conversations: {summary.format()}")
+        regeneration[split] = summary.done
+    timings["regeneration_s"] = time.perf_counter() - clock
+    timings["total_s"] = time.perf_counter() - started
+
+    report = {
+        "preset": dataclasses.asdict(preset),
+        "seed": seed,
+        "python_version": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "corpus_conversations": {d: len(corpus[d]) for d in DOMAINS},
+        "heldout_per_domain": {d: len(heldout_by_domain[d]) for d in DOMAINS},
+        "vocab_size": len(tokenizer),
+        "special_token_ids": {
+            t: tokenizer.convert_tokens_to_ids(t) for t in (END_OF_TEXT, IM_START, tokenizer.eos_token, MASK_TOKEN)
+        },
+        "mask_token_id": tokenizer.mask_token_id,
+        "num_parameters": num_parameters,
+        "training": dataclasses.asdict(stats),
+        "heldout_loss": losses,
+        "unigram_entropy": entropies,
+        "regenerated_conversations": regeneration,
+        "regeneration_sampling": dataclasses.asdict(sampling),
+        "timings": timings,
+    }
+    (out / "build_report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
