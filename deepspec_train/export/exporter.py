@@ -1,0 +1,254 @@
+"""Write a trained drafter in a serving layout: ``config.json`` + ``model.safetensors`` (never pickle).
+
+``export_drafter`` loads the drafter (training output or an earlier export) with the project's loader, plans the
+export (``plan_export``: the target's ``config.json`` plus the layout's fields, and the tensors under their
+serving names, which are already the modules' own names) and validates the plan with ``layouts.validate_layout``
+before a single byte is written; a plan with a missing field or tensor, or a wrong shape, is refused.
+
+Which drafter goes in which layout: DSpark -> ``dspark``; DFlash trained with DSpark labels -> ``dspark``
+(``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``; EAGLE-3 ->
+``eagle3``. Any other combination is refused: weights trained with one label convention compute something else
+under the other. The DSpark layout's ``embed_tokens`` / ``lm_head`` are copied from the target checkpoint so
+that engines which use the target's own heads get the same model.
+
+Run as ``deepspec export --drafter RUN/drafter --target TARGET --out DIR`` (see ``deepspec_train.export.cli``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from deepspec_train.config.schema import AnchorConfig
+from deepspec_train.export.layouts import (
+    ARCHITECTURES,
+    MARKOV_HEAD_TYPE,
+    LayoutError,
+    eagle3_aux_ids,
+    layout_of_config,
+    validate_layout,
+)
+from deepspec_train.export.loader import (
+    EXPORT_CONFIG,
+    EXPORT_WEIGHTS,
+    LoadedDrafter,
+    load_exported_drafter,
+    read_tensor_specs,
+    resolve_drafter_dir,
+)
+from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.target.head_weights import load_head_weights
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+# Tensors of the module that a layout does not store (the serving engine uses the target's).
+_OMITTED = {"dspark": (), "zlab-dflash": ("embed_tokens.weight", "lm_head.weight"), "eagle3": ("embed_tokens.weight",)}
+
+
+@dataclass
+class ExportPlan:
+    """Everything an export writes: the layout, the config dict and the tensors (validated together)."""
+
+    layout: str
+    config: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+
+def default_layout(loaded: LoadedDrafter) -> str:
+    """The layout a drafter exports to when none is asked for."""
+    if loaded.kind == "eagle3":
+        return "eagle3"
+    return "zlab-dflash" if loaded.labels == "zlab" else "dspark"
+
+
+def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
+    """Refuse a drafter / layout combination whose serving semantics would differ from training."""
+    if layout not in _OMITTED:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(_OMITTED)}")
+    if layout == "dspark" and (loaded.kind not in ("dspark", "dflash") or loaded.labels != "dspark"):
+        problem = (
+            f"the DSpark layout needs a DSpark-label dspark/dflash drafter, got kind={loaded.kind} "
+            f"labels={loaded.labels} (a z-lab-label DFlash exports as zlab-dflash)"
+        )
+        raise LayoutError(layout, [problem])
+    if layout == "zlab-dflash" and (loaded.kind != "dflash" or loaded.labels != "zlab"):
+        problem = (
+            f"the z-lab DFlash layout needs a DFlash trained with drafter.labels=zlab, got kind={loaded.kind} "
+            f"labels={loaded.labels} (a DSpark-label DFlash exports in the dspark layout)"
+        )
+        raise LayoutError(layout, [problem])
+    if layout == "eagle3" and loaded.kind != "eagle3":
+        raise LayoutError(layout, [f"the EAGLE-3 layout needs an eagle3 drafter, got kind={loaded.kind}"])
+
+
+def check_same_target(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
+    """Refuse to pair a drafter with a target of another shape (only the drafter's MLP width may differ)."""
+    try:
+        target = geometry_from_target_config(SimpleNamespace(**target_config), geometry.intermediate_size)
+    except AttributeError as err:
+        raise ValueError(f"target config.json lacks a geometry field: {err}") from err
+    diffs = [
+        f"{f.name}: drafter {getattr(geometry, f.name)} vs target {getattr(target, f.name)}"
+        for f in dataclasses.fields(DrafterGeometry)
+        if getattr(geometry, f.name) != getattr(target, f.name)
+    ]
+    if diffs:
+        raise ValueError("drafter was not built for this target: " + "; ".join(diffs))
+
+
+def _layout_fields(
+    loaded: LoadedDrafter, layout: str, num_anchors: int, temperatures: Sequence[float] | None
+) -> dict[str, Any]:
+    module, geometry = loaded.module, loaded.module.geometry
+    if layout == "dspark":
+        confidence = module.confidence_head is not None
+        fields = {
+            "num_target_layers": geometry.num_target_layers,
+            "block_size": loaded.block_size,
+            "tie_word_embeddings": False,
+            "mask_token_id": loaded.mask_token_id,
+            "target_layer_ids": list(loaded.target_layer_ids),
+            "num_anchors": num_anchors,
+            "enable_confidence_head": confidence,
+            # Our confidence head reads [h_k ; W1[x_prev]] whenever there is a Markov head.
+            "confidence_head_with_markov": confidence and module.markov_rank > 0,
+            "markov_rank": module.markov_rank,
+            "markov_head_type": MARKOV_HEAD_TYPE,
+        }
+        if temperatures is not None:
+            fields["confidence_temperatures"] = [float(t) for t in temperatures]
+        return fields
+    if layout == "zlab-dflash":
+        return {
+            "model_type": "qwen3",
+            "num_target_layers": geometry.num_target_layers,
+            "block_size": loaded.block_size,
+            "dflash_config": {"mask_token_id": loaded.mask_token_id, "target_layer_ids": list(loaded.target_layer_ids)},
+        }
+    aux = eagle3_aux_ids(loaded.target_layer_ids)
+    return {
+        "model_type": "llama",
+        "draft_vocab_size": int(module.d2t.shape[0]),
+        "tie_word_embeddings": False,
+        "target_hidden_size": geometry.hidden_size,
+        "rope_theta": geometry.rope_theta,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": aux,
+        "num_target_layers": geometry.num_target_layers,
+        "block_size": loaded.block_size,
+    }
+
+
+def plan_export(
+    loaded: LoadedDrafter,
+    target_config: Mapping[str, Any],
+    layout: str | None = None,
+    confidence_temperatures: Sequence[float] | None = None,
+    num_anchors: int = AnchorConfig().num_per_sequence,
+    dtype: torch.dtype = torch.bfloat16,
+) -> ExportPlan:
+    """Config and tensors of ``loaded`` in ``layout`` (default: ``default_layout``), validated; writes nothing.
+
+    Works on a module built on the meta device (the plan then only carries names, shapes and dtypes)."""
+    layout = layout or default_layout(loaded)
+    check_layout_fits(loaded, layout)
+    if confidence_temperatures is not None and layout != "dspark":
+        raise LayoutError(layout, ["confidence temperatures only go into the DSpark layout"])
+    module = loaded.module
+    check_same_target(module.geometry, target_config)
+    num_layers = 1 if layout == "eagle3" else len(module.layers)
+    config = dict(target_config)
+    dtype_name = _DTYPE_NAMES[dtype]
+    config.update(
+        architectures=[ARCHITECTURES[layout]],
+        num_hidden_layers=num_layers,
+        intermediate_size=module.geometry.intermediate_size,
+        layer_types=["full_attention"] * num_layers,
+        # transformers 5 reads "dtype", older readers "torch_dtype".
+        dtype=dtype_name,
+        torch_dtype=dtype_name,
+    )
+    config.update(_layout_fields(loaded, layout, num_anchors, confidence_temperatures))
+    tensors = {
+        name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).contiguous()
+        for name, t in module.state_dict().items()
+        if name not in _OMITTED[layout]
+    }
+    validate_layout(layout, config, tensors)
+    return ExportPlan(layout=layout, config=config, tensors=tensors)
+
+
+def recorded_num_anchors(drafter_dir: str | Path) -> int:
+    """Anchors per sequence the drafter was trained with: an export's ``num_anchors``, else the training run's
+    resolved recipe next to ``<run>/drafter``, else the schema default."""
+    root = resolve_drafter_dir(drafter_dir)
+    config = root / EXPORT_CONFIG
+    if config.is_file():
+        value = json.loads(config.read_text()).get("num_anchors")
+        if value is not None:
+            return int(value)
+    resolved = root.parent / "resolved_config.yaml"
+    if resolved.is_file():
+        return int(yaml.safe_load(resolved.read_text())["anchors"]["num_per_sequence"])
+    return AnchorConfig().num_per_sequence
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    # Write then rename, so a crash never leaves a truncated config next to good weights.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def export_drafter(
+    drafter_dir: str | Path,
+    target_path: str | Path,
+    out_dir: str | Path,
+    layout: str | None = None,
+    confidence_temperatures: Sequence[float] | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+) -> Path:
+    """Export the drafter at ``drafter_dir`` for the target at ``target_path`` into ``out_dir``; returns it.
+
+    Temperatures default to those already in ``drafter_dir`` (an earlier calibrated export)."""
+    target_path = str(target_path)
+    loaded = load_exported_drafter(drafter_dir, target_path)
+    target_config = json.loads((Path(target_path) / "config.json").read_text())
+    layout = layout or default_layout(loaded)
+    if layout == "dspark":
+        loaded.module.load_target_heads(*load_head_weights(target_path))
+    temperatures = confidence_temperatures
+    if temperatures is None and layout == "dspark":
+        temperatures = loaded.confidence_temperatures
+    plan = plan_export(loaded, target_config, layout, temperatures, recorded_num_anchors(drafter_dir), dtype)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(plan.tensors, str(out / EXPORT_WEIGHTS), metadata={"format": "pt"})
+    _write_json(out / EXPORT_CONFIG, plan.config)
+    return out
+
+
+def write_confidence_temperatures(export_dir: str | Path, temperatures: Sequence[float]) -> Path:
+    """Store calibrated per-position temperatures in a DSpark export's config.json (re-validated first)."""
+    root = Path(export_dir)
+    path = root / EXPORT_CONFIG
+    if not path.is_file():
+        raise FileNotFoundError(f"{root}: no {EXPORT_CONFIG}; --drafter must name an exported DSpark directory")
+    config = json.loads(path.read_text())
+    layout = layout_of_config(config)
+    if layout != "dspark":
+        raise LayoutError(layout, ["confidence temperatures only go into the DSpark layout"])
+    config["confidence_temperatures"] = [float(t) for t in temperatures]
+    validate_layout(layout, config, read_tensor_specs(root / EXPORT_WEIGHTS))
+    _write_json(path, config)
+    return path

@@ -1,0 +1,268 @@
+"""Rebuild a drafter module from an export (any layout in ``layouts``) or from a training output directory.
+
+``load_exported_drafter(path)`` accepts:
+
+- an export directory (``config.json`` + ``model.safetensors``): the layout is read from ``architectures`` and the
+  checkpoint goes through ``layouts.validate_layout`` (the exporter's own check) before anything is built;
+- a training output directory ``<run>/drafter`` (``drafter_config.json`` + ``drafter.safetensors``, trainable
+  weights only), or the run directory ``<run>`` itself, so evaluation works before export.
+
+Frozen target heads come from the export when it holds them (DSpark layout), otherwise from ``target_path``
+(default: the training run's recorded target) via ``load_head_weights``. The module is built on the meta device
+and its tensors assigned from the checkpoint, so no random initialisation runs for production-size drafters.
+It is returned in eval mode with gradients off, in the checkpoint's float dtype unless ``dtype`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.export.layouts import (
+    TensorSpec,
+    check_draft_vocab,
+    layer_ids_from_eagle3_aux,
+    layout_of_config,
+    validate_layout,
+)
+from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab
+from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+from deepspec_train.models.factory import check_kind_settings
+from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.target.head_weights import load_head_weights
+
+TRAINING_CONFIG = "drafter_config.json"
+TRAINING_WEIGHTS = "drafter.safetensors"
+EXPORT_CONFIG = "config.json"
+EXPORT_WEIGHTS = "model.safetensors"
+# EAGLE-3 configs carry no block size; DeepSpec trains EAGLE-3 with 7 TTT steps.
+DEFAULT_EAGLE3_BLOCK = 7
+
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+@dataclass
+class LoadedDrafter:
+    """A drafter ready for inference, with what an evaluator needs to drive it.
+
+    ``source`` is ``"training"`` or the export layout it was read from. ``mask_token_id`` is None for EAGLE-3.
+    ``labels`` is the label convention the weights were trained with (``"dspark"``: slot k predicts the token
+    after its position; ``"zlab"``: slot j >= 1 predicts the token at its own position).
+    """
+
+    module: nn.Module
+    kind: str
+    block_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int | None
+    confidence_temperatures: list[float] | None
+    labels: str
+    source: str
+
+    def confidences(self, logits: torch.Tensor) -> torch.Tensor:
+        """Calibrated conditional confidences ``sigmoid(z_k / T_k)`` for ``logits [..., K]``, ``K <= block_size``
+        (``T_k = 1`` when the drafter is uncalibrated)."""
+        num = logits.shape[-1]
+        if num > self.block_size:
+            raise ValueError(f"{num} confidence logits for a block of {self.block_size}")
+        temps = self.confidence_temperatures or [1.0] * self.block_size
+        scale = torch.tensor(temps[:num], dtype=logits.dtype, device=logits.device)
+        return torch.sigmoid(logits / scale)
+
+
+def read_tensor_specs(path: str | Path) -> dict[str, TensorSpec]:
+    """Name -> shape/dtype of every tensor in a safetensors file, read from its header only."""
+    specs = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():  # noqa: SIM118 - safe_open handles are not mappings
+            view = f.get_slice(name)
+            dtype = view.get_dtype()
+            if dtype not in _SAFETENSORS_DTYPES:
+                raise ValueError(f"{path}: tensor {name} has unsupported dtype {dtype}")
+            specs[name] = TensorSpec(tuple(int(n) for n in view.get_shape()), _SAFETENSORS_DTYPES[dtype])
+    return specs
+
+
+def resolve_drafter_dir(path: str | Path) -> Path:
+    """The directory holding the drafter files: ``path`` itself, or ``path/drafter`` for a training run dir."""
+    root = Path(path)
+    if (root / TRAINING_CONFIG).is_file() or (root / EXPORT_CONFIG).is_file():
+        return root
+    if (root / "drafter" / TRAINING_CONFIG).is_file():
+        return root / "drafter"
+    raise FileNotFoundError(f"{root}: neither an export ({EXPORT_CONFIG}) nor a training output ({TRAINING_CONFIG})")
+
+
+def _weights_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    for tensor in state.values():
+        if tensor.is_floating_point():
+            return tensor.dtype
+    raise ValueError("checkpoint holds no floating-point weights")
+
+
+def _target_heads(target_path: str | None, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    if not target_path:
+        raise ValueError("this checkpoint omits the frozen target embedding / LM head: pass target_path")
+    embed, lm_head = load_head_weights(target_path)
+    embed, lm_head = embed.to(dtype), lm_head.to(dtype)
+    # A tied target returns one tensor for both; two module parameters must not share storage (safetensors
+    # refuses to save shared tensors, and an in-place update of one would change the other).
+    if lm_head.data_ptr() == embed.data_ptr():
+        lm_head = lm_head.clone()
+    return embed, lm_head
+
+
+def _materialise(build: Callable[[], nn.Module], state: dict[str, torch.Tensor]) -> nn.Module:
+    """Build on the meta device, then assign every tensor from ``state`` (all must be present, no extra)."""
+    with torch.device("meta"):
+        module = build()
+    try:
+        module.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as err:
+        raise ValueError(f"checkpoint does not fit the drafter it describes: {err}") from err
+    leftover = [name for name, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if leftover:
+        raise ValueError(f"checkpoint left drafter tensors unset: {leftover}")
+    return module.eval().requires_grad_(False)
+
+
+def _build(
+    drafter_cfg: DrafterConfig,
+    geometry: DrafterGeometry,
+    layer_ids: list[int],
+    state: dict[str, torch.Tensor],
+) -> nn.Module:
+    check_kind_settings(RecipeConfig(drafter=drafter_cfg, target=TargetConfig(layer_ids=list(layer_ids))))
+    if drafter_cfg.kind == "eagle3":
+        vocab = DraftVocab(d2t=state["d2t"], t2d=state["t2d"])
+        check_draft_vocab(vocab.d2t, vocab.t2d)
+        return _materialise(lambda: Eagle3Drafter(geometry, drafter_cfg, layer_ids, vocab), state)
+    return _materialise(lambda: ParallelDrafter(geometry, drafter_cfg, layer_ids), state)
+
+
+def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+    meta = json.loads((root / TRAINING_CONFIG).read_text())
+    drafter_cfg = DrafterConfig(**meta["drafter"])
+    geometry = DrafterGeometry(**meta["geometry"])
+    layer_ids = [int(i) for i in meta["target_layer_ids"]]
+    state = load_file(str(root / TRAINING_WEIGHTS))
+    embed, lm_head = _target_heads(target_path or meta.get("target_path"), _weights_dtype(state))
+    state["embed_tokens.weight"] = embed
+    if drafter_cfg.kind == "eagle3":
+        if "d2t" not in state:
+            size = drafter_cfg.draft_vocab_size
+            if size is not None and size < geometry.vocab_size:
+                raise ValueError(
+                    f"{root / TRAINING_WEIGHTS} has no d2t/t2d maps for its {size}-token draft vocabulary"
+                )
+            # A full draft vocabulary is the identity map, which needs no stored data.
+            full = build_draft_vocab(torch.ones(geometry.vocab_size, dtype=torch.long), None)
+            state["d2t"], state["t2d"] = full.d2t, full.t2d
+    else:
+        state["lm_head.weight"] = lm_head
+    module = _build(drafter_cfg, geometry, layer_ids, state)
+    return LoadedDrafter(
+        module=module,
+        kind=drafter_cfg.kind,
+        block_size=drafter_cfg.block_size,
+        target_layer_ids=layer_ids,
+        mask_token_id=None if drafter_cfg.kind == "eagle3" else drafter_cfg.mask_token_id,
+        confidence_temperatures=None,
+        labels=drafter_cfg.labels,
+        source="training",
+    )
+
+
+def _export_geometry(config: dict[str, Any], num_target_layers: int) -> DrafterGeometry:
+    # An export config is the target's config with the drafter's depth in num_hidden_layers; the geometry reader
+    # expects the target's depth there.
+    return geometry_from_target_config(SimpleNamespace(**{**config, "num_hidden_layers": num_target_layers}))
+
+
+def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+    config = json.loads((root / EXPORT_CONFIG).read_text())
+    layout = layout_of_config(config)
+    weights = root / EXPORT_WEIGHTS
+    validate_layout(layout, config, read_tensor_specs(weights))
+    state = load_file(str(weights))
+    dtype = _weights_dtype(state)
+    temperatures = None
+    if layout == "dspark":
+        rank, confidence = config["markov_rank"], config["enable_confidence_head"]
+        if confidence and config["confidence_head_with_markov"] != (rank > 0):
+            raise ValueError("only confidence heads that read the Markov rows exactly when markov_rank > 0 load")
+        layer_ids, mask_id = config["target_layer_ids"], config["mask_token_id"]
+        drafter_cfg = DrafterConfig(
+            kind="dspark" if rank > 0 else "dflash", num_layers=config["num_hidden_layers"],
+            block_size=config["block_size"], markov_rank=rank, confidence_head=confidence, labels="dspark",
+            mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
+        )
+        temperatures = config.get("confidence_temperatures")
+        geometry = _export_geometry(config, config["num_target_layers"])
+    elif layout == "zlab-dflash":
+        layer_ids, mask_id = config["dflash_config"]["target_layer_ids"], config["dflash_config"]["mask_token_id"]
+        drafter_cfg = DrafterConfig(
+            kind="dflash", num_layers=config["num_hidden_layers"], block_size=config["block_size"], markov_rank=0,
+            confidence_head=False, labels="zlab", mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
+        )
+        geometry = _export_geometry(config, config["num_target_layers"])
+        state["embed_tokens.weight"], state["lm_head.weight"] = _target_heads(target_path, dtype)
+    else:
+        layer_ids, mask_id = layer_ids_from_eagle3_aux(config["eagle_aux_hidden_state_layer_ids"]), None
+        block = config.get("block_size", DEFAULT_EAGLE3_BLOCK)
+        drafter_cfg = DrafterConfig(
+            kind="eagle3", num_layers=1, block_size=block, ttt_steps=block,
+            draft_vocab_size=config["draft_vocab_size"], intermediate_size=config["intermediate_size"],
+        )
+        # Only used as metadata by the EAGLE-3 module; the smallest depth consistent with its taps when absent.
+        geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
+        state["embed_tokens.weight"] = _target_heads(target_path, dtype)[0]
+    module = _build(drafter_cfg, geometry, layer_ids, state)
+    return LoadedDrafter(
+        module=module,
+        kind=drafter_cfg.kind,
+        block_size=drafter_cfg.block_size,
+        target_layer_ids=list(layer_ids),
+        mask_token_id=mask_id,
+        confidence_temperatures=None if temperatures is None else [float(t) for t in temperatures],
+        labels=drafter_cfg.labels,
+        source=layout,
+    )
+
+
+def load_exported_drafter(
+    path: str | Path,
+    target_path: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+) -> LoadedDrafter:
+    """Load a drafter export or training output (see the module docstring) onto ``device``."""
+    root = resolve_drafter_dir(path)
+    if (root / TRAINING_CONFIG).is_file():
+        loaded = _from_training_dir(root, target_path)
+    else:
+        loaded = _from_export_dir(root, target_path)
+    loaded.module.to(device=device, dtype=dtype)
+    return loaded

@@ -1,0 +1,441 @@
+"""Serving-format export and the exported-drafter loader.
+
+Round trips (train-output dir -> fp32 export -> loader) must give bit-identical slot logits and confidences in
+every layout; the exporter must refuse incomplete checkpoints and mismatched label conventions; and the key /
+shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing written) must match FORMATS.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
+from deepspec_train.export.layouts import LayoutError, eagle3_aux_ids, layer_ids_from_eagle3_aux, validate_layout
+from deepspec_train.export.loader import LoadedDrafter, load_exported_drafter
+from deepspec_train.models.draft_vocab import DraftVocab
+from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
+from deepspec_train.models.factory import build_drafter_for_geometry
+from deepspec_train.models.geometry import geometry_from_target_config
+from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
+from deepspec_train.packing.anchors import sample_anchors
+from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.packing.packer import SequenceItem, pack_sequences
+from deepspec_train.target.head_weights import load_head_weights
+from deepspec_train.training.run import save_trained_drafter
+from tests.drafter_fixtures import random_loss_mask
+
+VOCAB, MASK_ID, HIDDEN, BLOCK, TARGET_LAYERS = 97, 96, 32, 4, 4
+LAYER_IDS = {"dspark": [0, 2], "dflash": [0, 2], "eagle3": [1, 1, 2]}
+
+
+def save_tiny_target(directory: Path) -> str:
+    """An untied 4-layer Qwen3 target (config.json + model.safetensors), so a swapped embed/LM head would show."""
+    config = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=TARGET_LAYERS,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(123)
+    Qwen3ForCausalLM(config).save_pretrained(str(directory))
+    return str(directory)
+
+
+def tiny_recipe(kind: str, target_path: str, labels: str = "dspark", **drafter) -> RecipeConfig:
+    base = {"kind": kind, "num_layers": 2, "block_size": BLOCK, "mask_token_id": MASK_ID, "labels": labels,
+            "intermediate_size": 48}
+    if kind == "dspark":
+        base.update(markov_rank=8, confidence_head=True)
+    elif kind == "dflash":
+        base.update(markov_rank=0, confidence_head=False)
+    else:
+        base.update(num_layers=1, ttt_steps=BLOCK, draft_vocab_size=40)
+    base.update(drafter)
+    return RecipeConfig(
+        drafter=DrafterConfig(**base), target=TargetConfig(path=target_path, layer_ids=list(LAYER_IDS[kind]))
+    )
+
+
+def trained_drafter(cfg: RecipeConfig, seed: int = 0) -> torch.nn.Module:
+    """A drafter with every trainable weight random (norm scales, Markov W2 and biases too) and target heads."""
+    geometry = geometry_from_target_config(Qwen3Config.from_pretrained(cfg.target.path), cfg.drafter.intermediate_size)
+    torch.manual_seed(seed)
+    counts = torch.randint(0, 100, (geometry.vocab_size,))
+    drafter = build_drafter_for_geometry(cfg, geometry, counts)
+    with torch.no_grad():
+        for name, param in drafter.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith(("markov_w2.weight", ".bias")):
+                param.normal_(std=0.3)
+    embed, lm_head = load_head_weights(cfg.target.path)
+    if isinstance(drafter, Eagle3Drafter):
+        drafter.load_target_embedding(embed)
+    else:
+        drafter.load_target_heads(embed, lm_head)
+    return drafter.eval()
+
+
+def write_training_output(drafter: torch.nn.Module, cfg: RecipeConfig, run_dir: Path) -> Path:
+    """``<run>/drafter`` as training writes it; EAGLE-3 also keeps its draft-vocabulary maps there."""
+    out = run_dir / "drafter"
+    save_trained_drafter(drafter, cfg, out)
+    if isinstance(drafter, Eagle3Drafter):
+        state = load_file(str(out / "drafter.safetensors"))
+        state.update(d2t=drafter.d2t.clone(), t2d=drafter.t2d.clone())
+        save_file(state, str(out / "drafter.safetensors"))
+    return out
+
+
+def random_batch(kind: str, seed: int = 0, labels: str = "dspark") -> PackedBatch:
+    """Anchor blocks from three random sequences with random target features for ``kind``'s taps."""
+    g = torch.Generator().manual_seed(seed)
+    width = len(LAYER_IDS[kind]) * HIDDEN
+    items = []
+    for i, length in enumerate((23, 31, 17)):
+        items.append(
+            SequenceItem(
+                input_ids=torch.randint(0, MASK_ID, (length,), generator=g),
+                loss_mask=random_loss_mask(length, g),
+                ctx_features=torch.randn(length, width, generator=g),
+                final_hidden=torch.randn(length, HIDDEN, generator=g),
+                sample_id=i,
+            )
+        )
+    anchors = [sample_anchors(it.loss_mask, 4, g) for it in items]
+    (batch,) = pack_sequences(items, anchors, BLOCK, 10_000, MASK_ID, labels)
+    return batch
+
+
+def drafter_outputs(module: torch.nn.Module, batch: PackedBatch) -> dict[str, torch.Tensor]:
+    """Slot logits and (DSpark) confidence logits, the quantities a serving engine computes."""
+    with torch.no_grad():
+        out = {"logits": module.slot_logits(batch)}
+        if isinstance(module, ParallelDrafter) and module.confidence_head is not None:
+            hidden = module.backbone(batch)
+            out["confidence"] = module.confidence_logits(hidden, module.markov_rows(batch.block_prev))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory) -> str:
+    return save_tiny_target(tmp_path_factory.mktemp("target"))
+
+
+def exported_dspark(tmp_path: Path, target: str, temperatures=None) -> tuple[Path, torch.nn.Module]:
+    """A trained-ish DSpark drafter exported at fp32 (used by the calibrate CLI tests too)."""
+    cfg = tiny_recipe("dspark", target)
+    drafter = trained_drafter(cfg)
+    run = write_training_output(drafter, cfg, tmp_path / "run")
+    out = export_drafter(run, target, tmp_path / "export", confidence_temperatures=temperatures, dtype=torch.float32)
+    return out, drafter
+
+
+CASES = [("dspark", "dspark", "dspark"), ("dflash", "dspark", "dspark"), ("dflash", "zlab", "zlab-dflash"),
+         ("eagle3", "dspark", "eagle3")]
+
+
+@pytest.mark.parametrize("kind,labels,layout", CASES)
+def test_round_trip_is_bit_identical(tmp_path, target_dir, kind, labels, layout):
+    cfg = tiny_recipe(kind, target_dir, labels)
+    drafter = trained_drafter(cfg)
+    run = write_training_output(drafter, cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [{"dspark": "Qwen3DSparkModel", "zlab-dflash": "DFlashDraftModel",
+                                        "eagle3": "LlamaForCausalLMEagle3"}[layout]]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    # Only the export and the target go in: the training output must not be needed any more.
+    for f in run.iterdir():
+        f.unlink()
+    loaded = load_exported_drafter(out, target_path=target_dir)
+    assert (loaded.kind, loaded.labels, loaded.source) == (kind, labels, layout)
+    assert loaded.block_size == BLOCK and loaded.target_layer_ids == LAYER_IDS[kind]
+    assert loaded.mask_token_id == (None if kind == "eagle3" else MASK_ID)
+    assert not loaded.module.training and not any(p.requires_grad for p in loaded.module.parameters())
+    for seed in range(2):
+        batch = random_batch(kind, seed, labels)
+        want, got = drafter_outputs(drafter, batch), drafter_outputs(loaded.module, batch)
+        assert want.keys() == got.keys()
+        for name in want:
+            assert torch.equal(want[name], got[name]), (kind, name)
+    if kind == "eagle3":
+        assert torch.equal(loaded.module.d2t, drafter.d2t) and torch.equal(loaded.module.t2d, drafter.t2d)
+        assert not bool(drafter.t2d.all())
+
+
+def test_training_dir_loads_directly(tmp_path, target_dir):
+    cfg = tiny_recipe("dspark", target_dir)
+    drafter = trained_drafter(cfg)
+    write_training_output(drafter, cfg, tmp_path / "run")
+    # The run directory itself is accepted too; the target comes from the recorded recipe.
+    loaded = load_exported_drafter(tmp_path / "run")
+    assert loaded.source == "training" and loaded.confidence_temperatures is None
+    batch = random_batch("dspark", 3)
+    for name, value in drafter_outputs(drafter, batch).items():
+        assert torch.equal(value, drafter_outputs(loaded.module, batch)[name])
+
+
+def test_calibrated_confidences_round_trip(tmp_path, target_dir):
+    temps = [0.5, 1.0, 2.0, 4.0]
+    out, drafter = exported_dspark(tmp_path, target_dir, temps)
+    loaded = load_exported_drafter(out)
+    assert loaded.confidence_temperatures == temps
+    z = drafter_outputs(drafter, random_batch("dspark", 1))["confidence"]
+    assert torch.equal(loaded.confidences(z), torch.sigmoid(z / torch.tensor(temps)))
+    # Re-exporting an export keeps its temperatures.
+    again = export_drafter(out, target_dir, tmp_path / "again", dtype=torch.float32)
+    assert json.loads((again / "config.json").read_text())["confidence_temperatures"] == temps
+
+
+def test_bf16_default_and_heads_equal_the_target(tmp_path, target_dir):
+    cfg = tiny_recipe("dspark", target_dir)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export")
+    tensors = load_file(str(out / "model.safetensors"))
+    assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
+    embed, lm_head = load_head_weights(target_dir)
+    assert not torch.equal(embed, lm_head)
+    assert torch.equal(tensors["embed_tokens.weight"], embed.to(torch.bfloat16))
+    assert torch.equal(tensors["lm_head.weight"], lm_head.to(torch.bfloat16))
+    config = json.loads((out / "config.json").read_text())
+    assert config["dtype"] == config["torch_dtype"] == "bfloat16"
+    assert load_exported_drafter(out).module.fc.weight.dtype == torch.bfloat16
+
+
+def test_eagle3_config_layer_ids_and_vocab_maps(tmp_path, target_dir):
+    cfg = tiny_recipe("eagle3", target_dir)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    # Decoder layers [1, 1, 2] are hidden_states [2, 2, 3], written in both places engines read.
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 2, 3]
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [2, 2, 3], "use_aux_hidden_state": True}
+    assert config["draft_vocab_size"] == 40 and config["num_hidden_layers"] == 1
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
+    assert "embed_tokens.weight" not in tensors and tensors["lm_head.weight"].shape == (40, HIDDEN)
+
+
+def test_eagle3_layer_id_conversion():
+    assert eagle3_aux_ids([1, 17, 32]) == [2, 18, 33]
+    assert layer_ids_from_eagle3_aux([2, 18, 33]) == [1, 17, 32]
+    with pytest.raises(LayoutError, match="decoder layer 0"):
+        eagle3_aux_ids([0, 5, 9])
+
+
+def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
+    cfg = tiny_recipe("eagle3", target_dir)
+    save_trained_drafter(trained_drafter(cfg), cfg, tmp_path / "run" / "drafter")
+    with pytest.raises(ValueError, match="no d2t/t2d"):
+        load_exported_drafter(tmp_path / "run" / "drafter")
+    full = tiny_recipe("eagle3", target_dir, draft_vocab_size=None)
+    drafter = trained_drafter(full)
+    save_trained_drafter(drafter, full, tmp_path / "full" / "drafter")
+    loaded = load_exported_drafter(tmp_path / "full" / "drafter")
+    batch = random_batch("eagle3", 0)
+    assert torch.equal(drafter_outputs(drafter, batch)["logits"], drafter_outputs(loaded.module, batch)["logits"])
+
+
+@pytest.mark.parametrize(
+    "kind,labels,layout,message",
+    [
+        ("dflash", "zlab", "dspark", "z-lab-label DFlash exports as zlab-dflash"),
+        ("dflash", "dspark", "zlab-dflash", "drafter.labels=zlab"),
+        ("dspark", "dspark", "zlab-dflash", "drafter.labels=zlab"),
+        ("dspark", "dspark", "eagle3", "needs an eagle3 drafter"),
+    ],
+)
+def test_exporter_refuses_mismatched_label_convention(tmp_path, target_dir, kind, labels, layout, message):
+    cfg = tiny_recipe(kind, target_dir, labels)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    with pytest.raises(LayoutError, match=message):
+        export_drafter(run, target_dir, tmp_path / "export", layout=layout)
+    assert not (tmp_path / "export").exists()
+
+
+def test_exporter_refuses_eagle3_tapping_layer_zero(tmp_path, target_dir):
+    cfg = tiny_recipe("eagle3", target_dir)
+    cfg.target.layer_ids = [0, 1, 2]
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    with pytest.raises(LayoutError, match="decoder layer 0"):
+        export_drafter(run, target_dir, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
+def _tampered_export(tmp_path: Path, target: str, drop_tensor: str | None = None, drop_field: str | None = None):
+    out, _ = exported_dspark(tmp_path, target)
+    if drop_tensor:
+        state = load_file(str(out / "model.safetensors"))
+        del state[drop_tensor]
+        save_file(state, str(out / "model.safetensors"))
+    if drop_field:
+        config = json.loads((out / "config.json").read_text())
+        del config[drop_field]
+        (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+@pytest.mark.parametrize(
+    "tensor,field,message",
+    [
+        ("markov_head.markov_w2.weight", None, "tensor markov_head.markov_w2.weight is missing"),
+        ("confidence_head.proj.bias", None, "tensor confidence_head.proj.bias is missing"),
+        (None, "markov_rank", "config field markov_rank is missing"),
+        (None, "mask_token_id", "config field mask_token_id is missing"),
+    ],
+)
+def test_exporter_refuses_missing_tensor_or_field(tmp_path, target_dir, tensor, field, message):
+    source = _tampered_export(tmp_path / "src", target_dir, tensor, field)
+    with pytest.raises(LayoutError, match=message):
+        export_drafter(source, target_dir, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
+def test_validation_names_every_problem(tmp_path, target_dir):
+    out, _ = exported_dspark(tmp_path, target_dir)
+    loaded = load_exported_drafter(out)
+    target_config = json.loads((Path(target_dir) / "config.json").read_text())
+    plan = plan_export(loaded, target_config, dtype=torch.float32)
+    tensors = dict(plan.tensors)
+    tensors["fc.weight"] = torch.zeros(HIDDEN, 3 * HIDDEN)
+    tensors["model.norm.weight"] = tensors.pop("norm.weight")
+    config = {k: v for k, v in plan.config.items() if k != "markov_head_type"}
+    with pytest.raises(LayoutError) as err:
+        validate_layout("dspark", config, tensors)
+    assert "config field markov_head_type is missing" in err.value.problems
+    validate_layout("dspark", plan.config, plan.tensors)
+    with pytest.raises(LayoutError) as err:
+        validate_layout("dspark", plan.config, tensors)
+    assert set(err.value.problems) == {
+        "tensor norm.weight is missing",
+        "unexpected tensor model.norm.weight",
+        f"tensor fc.weight has shape [{HIDDEN}, {3 * HIDDEN}], expected [{HIDDEN}, {2 * HIDDEN}]",
+    }
+    with pytest.raises(LayoutError, match="entries, block_size is 4"):
+        write_confidence_temperatures(out, [1.0, 1.0])
+
+
+# ---------------------------------------------------------------- Qwen3-8B plan on the meta device (FORMATS.md)
+
+QWEN3_8B = qwen3_reference_configs()["Qwen3-8B"]
+D, V, I, H, G, HD = 4096, 151936, 12288, 32, 8, 128
+
+
+def formats_decoder_layer(prefix: str, attn_in: int, qk_norm: bool) -> dict[str, tuple]:
+    shapes = {
+        f"{prefix}input_layernorm.weight": (D,),
+        f"{prefix}post_attention_layernorm.weight": (D,),
+        f"{prefix}self_attn.q_proj.weight": (H * HD, attn_in),
+        f"{prefix}self_attn.k_proj.weight": (G * HD, attn_in),
+        f"{prefix}self_attn.v_proj.weight": (G * HD, attn_in),
+        f"{prefix}self_attn.o_proj.weight": (D, H * HD),
+        f"{prefix}mlp.gate_proj.weight": (I, D),
+        f"{prefix}mlp.up_proj.weight": (I, D),
+        f"{prefix}mlp.down_proj.weight": (D, I),
+    }
+    if qk_norm:
+        shapes.update({f"{prefix}self_attn.q_norm.weight": (HD,), f"{prefix}self_attn.k_norm.weight": (HD,)})
+    return shapes
+
+
+def formats_parallel(rank: int, confidence: bool, heads: bool) -> dict[str, tuple]:
+    shapes = {"fc.weight": (D, 5 * D), "hidden_norm.weight": (D,), "norm.weight": (D,)}
+    for i in range(5):
+        shapes.update(formats_decoder_layer(f"layers.{i}.", D, qk_norm=True))
+    if heads:
+        shapes.update({"embed_tokens.weight": (V, D), "lm_head.weight": (V, D)})
+    if rank:
+        shapes.update({"markov_head.markov_w1.weight": (V, rank), "markov_head.markov_w2.weight": (V, rank)})
+    if confidence:
+        shapes.update({"confidence_head.proj.weight": (1, D + rank), "confidence_head.proj.bias": (1,)})
+    return shapes
+
+
+def meta_parallel(kind: str, labels: str = "dspark") -> LoadedDrafter:
+    rank, confidence = (256, True) if kind == "dspark" else (0, False)
+    cfg = DrafterConfig(kind=kind, num_layers=5, block_size=7, markov_rank=rank, confidence_head=confidence,
+                        labels=labels)
+    with torch.device("meta"):
+        module = ParallelDrafter(geometry_from_target_config(QWEN3_8B), cfg, REFERENCE_LAYER_IDS["Qwen3-8B"])
+    return LoadedDrafter(module, kind, 7, REFERENCE_LAYER_IDS["Qwen3-8B"], 151669, None, labels, "training")
+
+
+def plan_shapes(plan) -> dict[str, tuple]:
+    assert all(t.is_meta for t in plan.tensors.values())
+    return {name: tuple(t.shape) for name, t in plan.tensors.items()}
+
+
+def test_qwen3_8b_dspark_plan_matches_formats():
+    plan = plan_export(meta_parallel("dspark"), QWEN3_8B.to_dict(), confidence_temperatures=[1.0] * 7)
+    assert plan.layout == "dspark"
+    assert plan_shapes(plan) == formats_parallel(256, True, heads=True)
+    assert {t.dtype for t in plan.tensors.values()} == {torch.bfloat16}
+    expected = {
+        "architectures": ["Qwen3DSparkModel"], "num_hidden_layers": 5, "num_target_layers": 36, "block_size": 7,
+        "layer_types": ["full_attention"] * 5, "tie_word_embeddings": False, "mask_token_id": 151669,
+        "target_layer_ids": [1, 9, 17, 25, 33], "num_anchors": 512, "enable_confidence_head": True,
+        "confidence_head_with_markov": True, "markov_rank": 256, "markov_head_type": "vanilla",
+        "confidence_temperatures": [1.0] * 7, "hidden_size": D, "intermediate_size": I, "vocab_size": V,
+    }
+    assert {k: plan.config[k] for k in expected} == expected
+
+
+def test_qwen3_8b_dspark_label_dflash_plan_is_rank_zero_dspark_layout():
+    plan = plan_export(meta_parallel("dflash"), QWEN3_8B.to_dict())
+    assert plan.layout == "dspark" and plan.config["markov_rank"] == 0
+    assert plan.config["enable_confidence_head"] is False
+    assert plan_shapes(plan) == formats_parallel(0, False, heads=True)
+
+
+def test_qwen3_8b_zlab_dflash_plan_matches_formats():
+    plan = plan_export(meta_parallel("dflash", labels="zlab"), QWEN3_8B.to_dict())
+    assert plan.layout == "zlab-dflash"
+    assert plan_shapes(plan) == formats_parallel(0, False, heads=False)
+    assert plan.config["architectures"] == ["DFlashDraftModel"] and plan.config["model_type"] == "qwen3"
+    assert plan.config["dflash_config"] == {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}
+    assert (plan.config["block_size"], plan.config["num_target_layers"], plan.config["num_hidden_layers"]) == (7, 36, 5)
+
+
+def test_qwen3_8b_eagle3_plan_matches_formats():
+    layer_ids = eagle3_target_layer_ids(36)
+    vocab = DraftVocab(d2t=torch.zeros(32000, dtype=torch.long), t2d=torch.zeros(V, dtype=torch.bool))
+    cfg = DrafterConfig(kind="eagle3", num_layers=1, block_size=7, ttt_steps=7, draft_vocab_size=32000)
+    with torch.device("meta"):
+        module = Eagle3Drafter(geometry_from_target_config(QWEN3_8B), cfg, layer_ids, vocab)
+    plan = plan_export(LoadedDrafter(module, "eagle3", 7, layer_ids, None, None, "dspark", "training"),
+                       QWEN3_8B.to_dict())
+    expected = formats_decoder_layer("midlayer.", 2 * D, qk_norm=False)
+    expected.update({"midlayer.hidden_norm.weight": (D,), "fc.weight": (D, 3 * D), "norm.weight": (D,),
+                     "lm_head.weight": (32000, D), "d2t": (32000,), "t2d": (V,)})
+    assert plan_shapes(plan) == expected
+    assert plan.tensors["d2t"].dtype == torch.int64 and plan.tensors["t2d"].dtype == torch.bool
+    # FORMATS.md's default hidden-state indices for 36 layers: [2, L//2, L-3].
+    assert plan.config["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]
+    assert plan.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]
+    assert (plan.config["architectures"], plan.config["model_type"]) == (["LlamaForCausalLMEagle3"], "llama")
+    assert (plan.config["draft_vocab_size"], plan.config["target_hidden_size"], plan.config["rope_theta"]) == (
+        32000, D, 1e6)
+    assert plan.config["tie_word_embeddings"] is False and plan.config["num_hidden_layers"] == 1
+
+
+def test_export_cli_with_calibration_and_refusal(tmp_path, target_dir, capsys):
+    from deepspec_train.cli import main
+
+    cfg = tiny_recipe("dspark", target_dir)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    calib = tmp_path / "calibration.json"
+    calib.write_text(json.dumps({"temperatures": [1.5, 2.0, 2.5, 3.0]}))
+    argv = ["export", "--drafter", str(run), "--target", target_dir, "--out", str(tmp_path / "out"), "--dtype", "fp32"]
+    assert main(argv + ["--calibration", str(calib)]) == 0
+    assert "1.500 2.000 2.500 3.000" in capsys.readouterr().out
+    assert load_exported_drafter(tmp_path / "out").confidence_temperatures == [1.5, 2.0, 2.5, 3.0]
+    assert main(argv[:-2] + ["--layout", "eagle3", "--out", str(tmp_path / "bad")]) == 1
+    assert "export refused" in capsys.readouterr().err and not (tmp_path / "bad").exists()
