@@ -1,0 +1,54 @@
+"""Tokenise a recipe's training and validation data into the cached Arrow shards that training memory-maps.
+
+    PYTHONPATH=. python data/tokenize_shards.py recipe=qwen3-8b [dotted.key=value ...]
+
+Takes the same arguments as ``train.py`` and calls ``build_token_dataset`` exactly as training does (same
+sources, tokenizer, chat-template arguments, ``max_length``), so the cache entry it fills under
+``data.cache_dir`` is the one the training job then finds: training starts without tokenising. Rerunning is
+cheap (the cache is reused) and an interrupted run leaves no partial entry. (Named ``tokenize_shards`` rather
+than ``tokenize`` so that running it does not shadow the standard library's ``tokenize`` module.)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.data.token_shards import DataSummary, build_token_dataset
+from deepspec_train.training.entry import parse_command_line
+
+
+def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, DataSummary]:
+    """Build (or reuse) the shard cache of every data split the recipe names; split -> summary."""
+    from deepspec_train.target.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.target)
+    summaries = {}
+    for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
+        if not sources:
+            continue
+        _, summaries[split] = build_token_dataset(
+            sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
+            split=cfg.data.split, progress=progress,
+            chat_template_kwargs={"enable_thinking": cfg.data.enable_thinking},
+            num_workers=cfg.data.num_workers,
+        )
+    return summaries
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    try:
+        recipe, overrides = parse_command_line(sys.argv[1:] if argv is None else argv)
+        cfg = load_recipe(recipe, overrides)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for split, summary in tokenize_recipe_data(cfg).items():
+        print(f"{split}: {summary.format()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
