@@ -97,6 +97,9 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_last: int = 3
     resume: str = "none"
+    # End this run after that step (checkpointed) without changing the LR schedule or data plan of the full
+    # run: for time-boxed jobs that a later `train.resume=auto` continues.
+    stop_at_step: Optional[int] = None
     mixed_precision: Literal["no", "bf16"] = "bf16"
     distributed: Literal["ddp", "deepspeed"] = "ddp"
     deepspeed_config: str = "launch/deepspeed/zero2.json"

@@ -54,6 +54,23 @@ def init_distributed(timeout_s: float = 300.0) -> DistContext:
     return DistContext(rank, world_size, local_rank, device, group)
 
 
+def role_context(world: DistContext, num_targets: int) -> DistContext:
+    """This rank's context inside its role (streamed mode: ranks ``< num_targets`` are target workers).
+
+    ``rank`` / ``world_size`` become the index and count within the role and ``drafter_group`` the role's own
+    process group, so the drafters' gradient all-reduce, barriers and checkpoints never involve target workers
+    (for a target worker that group is the target workers', used for barriers around data preparation).
+    Every rank must call this, in the same order: ``new_group`` is collective over the whole world.
+    """
+    target_ranks = list(range(num_targets))
+    drafter_ranks = list(range(num_targets, world.world_size))
+    target_group = dist.new_group(target_ranks)
+    drafter_group = dist.new_group(drafter_ranks)
+    if world.rank < num_targets:
+        return DistContext(world.rank, len(target_ranks), world.local_rank, world.device, target_group)
+    return DistContext(world.rank - num_targets, len(drafter_ranks), world.local_rank, world.device, drafter_group)
+
+
 def all_reduce_sum(value: float, ctx: DistContext) -> float:
     """Sum a Python number over the drafter ranks."""
     if not ctx.distributed:

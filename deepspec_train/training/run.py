@@ -1,4 +1,7 @@
-"""Assemble and run one training job from a validated recipe (colocated mode: each process runs the target).
+"""Assemble and run one training job from a validated recipe.
+
+Colocated mode (``topology.target_workers=0``): each process runs the target itself. Streamed mode hands over to
+``deepspec_train.streaming.streamed_run`` after the process group is up.
 
 Order matters for failing fast: output directory and resolved config first, then data (tokenised and cached),
 then the target and the drafter, then the loop. At the end the trained drafter is written to
@@ -11,6 +14,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Optional
 
 import torch
 from safetensors.torch import save_file
@@ -52,11 +56,12 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
     )
 
 
-def run_training(cfg: RecipeConfig) -> TrainSummary:
-    if cfg.topology.target_workers > 0:
+def run_training(cfg: RecipeConfig) -> Optional[TrainSummary]:
+    """Train as this process's role; returns the summary on drafter ranks (None on target workers)."""
+    if cfg.train.distributed == "deepspeed":
         raise SystemExit(
-            "error: topology.target_workers > 0 (streamed mode) is not available in this version; "
-            "use topology.target_workers=0 (colocated)"
+            "error: train.distributed=deepspeed: the DeepSpeed ZeRO-2 engine path is not wired into the trainer "
+            "yet; use train.distributed=ddp (launch/deepspeed/zero2.json holds the intended configuration)"
         )
     ctx = init_distributed(cfg.stream.timeout_s)
     torch.manual_seed(cfg.run.seed + ctx.rank)
@@ -64,12 +69,17 @@ def run_training(cfg: RecipeConfig) -> TrainSummary:
     if ctx.is_main:
         save_resolved(cfg, out_dir / "resolved_config.yaml")
     try:
+        if cfg.topology.target_workers > 0:
+            from deepspec_train.streaming.streamed_run import run_streamed
+
+            return run_streamed(cfg, ctx, out_dir)
         return _train(cfg, ctx, out_dir)
     finally:
         shutdown(ctx)
 
 
-def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
+def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
+    """Tokenised ``train`` (required) and ``validation`` (optional) datasets, cached on disk."""
     tokenizer = load_tokenizer(cfg.target)
     datasets = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
@@ -89,7 +99,24 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
         datasets[split] = dataset
     if "train" not in datasets:
         raise SystemExit("error: data.train names no data")
+    return datasets
 
+
+def validation_source(
+    cfg: RecipeConfig, rows, tap: TargetTap, rank: int, world_size: int, device: torch.device
+) -> tuple[InProcessFeatureSource, list[int]]:
+    """The validation plan of drafter ``rank`` of ``world_size``: a fixed subset, fixed anchors, fixed order."""
+    val_rows = rows.select(range(min(cfg.train.eval_sequences, len(rows))))
+    # Validation anchors use their own seed and a fixed order, so every evaluation sees the same blocks.
+    source = InProcessFeatureSource(
+        val_rows, tap, packing_spec(cfg), world_size, cfg.train.micro_batch_sequences, cfg.run.seed + 1,
+        rank, world_size, device, shuffle=False,
+    )
+    return source, list(range(len(val_rows)))[rank::world_size]
+
+
+def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
+    datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)
     drafter = build_drafter(cfg, target, datasets["train"]).to(ctx.device)
@@ -102,13 +129,7 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     )
     val_batches = None
     if "validation" in datasets:
-        val_rows = datasets["validation"].select(range(min(cfg.train.eval_sequences, len(datasets["validation"]))))
-        # Validation anchors use their own seed and a fixed order, so every evaluation sees the same blocks.
-        val_source = InProcessFeatureSource(
-            val_rows, tap, spec, ctx.world_size, cfg.train.micro_batch_sequences, cfg.run.seed + 1,
-            ctx.rank, ctx.world_size, ctx.device, shuffle=False,
-        )
-        rank_rows = list(range(len(val_rows)))[ctx.rank :: ctx.world_size]
+        val_source, rank_rows = validation_source(cfg, datasets["validation"], tap, ctx.rank, ctx.world_size, ctx.device)
 
         def val_batches():
             return val_source.batches_for(rank_rows, epoch=0)
@@ -121,6 +142,14 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
         cfg, drafter, target_head_weight, train_source, val_batches, sink, ctx, total_steps, resolve_attention(ctx)
     )
     summary = trainer.fit()
+    finish_run(cfg, ctx, drafter, summary, sink, out_dir)
+    return summary
+
+
+def finish_run(
+    cfg: RecipeConfig, ctx: DistContext, drafter: torch.nn.Module, summary: TrainSummary, sink, out_dir: Path
+) -> None:
+    """Write the trained drafter and the summary (main drafter rank), close the metrics sink."""
     if ctx.is_main:
         save_trained_drafter(drafter, cfg, out_dir / "drafter")
         (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
@@ -129,11 +158,12 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
             summary.final_loss, f"{summary.val_metrics.get('val/expected_len', float('nan')):.3f}",
         )
     sink.finish()
-    return summary
 
 
 def save_trained_drafter(drafter: torch.nn.Module, cfg: RecipeConfig, path: Path) -> None:
     """The project's own drafter checkpoint: trainable weights + what is needed to rebuild the module."""
     path.mkdir(parents=True, exist_ok=True)
-    save_file(trainable_state(drafter), str(path / "drafter.safetensors"))
+    # EAGLE-3's draft-vocabulary maps are buffers, not trainable weights, but a serving export needs them.
+    maps = {name: buf.detach().contiguous() for name, buf in drafter.named_buffers() if name in ("d2t", "t2d")}
+    save_file(trainable_state(drafter) | maps, str(path / "drafter.safetensors"))
     (path / "drafter_config.json").write_text(json.dumps(drafter_metadata(drafter, cfg), indent=2))

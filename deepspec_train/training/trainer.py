@@ -132,7 +132,7 @@ class DrafterTrainer:
                     "train/grad_norm": grad_norm,
                     "train/samples_per_s": window_samples / elapsed,
                     "train/supervised_tokens_per_s": window_tokens / elapsed,
-                }
+                } | self._stream_metrics(window_tokens)
                 self.sink.log(metrics, self.step)
                 stats.reset()
                 window_start, window_samples, window_tokens = time.time(), 0, 0.0
@@ -141,14 +141,30 @@ class DrafterTrainer:
                 self.sink.log(val_metrics, self.step)
                 if self.ctx.is_main:
                     tqdm.write(_format_val(self.step, val_metrics))
-            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps:
+            stopping = cfg.train.stop_at_step is not None and self.step >= cfg.train.stop_at_step
+            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping:
                 save_checkpoint(
                     self.ctx, cfg.run.output_dir, self.step, self.model, self.optimizer, self.scheduler,
                     self.train_source.state_dict(), cfg.train.keep_last,
                 )
+            if stopping:
+                break
         progress.close()
         final = self.loss_history[-1] if self.loss_history else math.nan
         return TrainSummary(self.step, final, val_metrics, time.time() - start)
+
+    def _stream_metrics(self, supervised_tokens: float) -> dict[str, float]:
+        """Streamed sources only: the share of drafter time spent waiting on the stream (mean over drafter
+        ranks) and the bytes received per supervised token (all drafter ranks together)."""
+        pop = getattr(self.train_source, "pop_stream_metrics", None)
+        if pop is None:
+            return {}
+        wait_s, wall_s, wire_bytes = pop()
+        ranks = self.ctx.world_size
+        return {
+            "stream/target_wait_frac": all_reduce_sum(wait_s / max(wall_s, 1e-9), self.ctx) / ranks,
+            "stream/wire_bytes_per_supervised_token": all_reduce_sum(wire_bytes, self.ctx) / max(supervised_tokens, 1.0),
+        }
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:

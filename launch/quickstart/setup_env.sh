@@ -12,3 +12,6 @@ fi
 python -m pip install --quiet --upgrade pip
 python -m pip install --quiet "torch==${TORCH_VERSION:-2.13.0}"
 python -m pip install --quiet -e ".[dev]"
+# DeepSpeed ships as an sdist whose build imports torch: --no-build-isolation builds it against the torch above
+# (an isolated build would fetch a second, CUDA torch); DS_BUILD_OPS=0 leaves its kernels to JIT on first use.
+DS_BUILD_OPS=0 python -m pip install --quiet --no-build-isolation "deepspeed>=0.19"

@@ -1,0 +1,108 @@
+"""Failure detection for streamed training: no rank hangs when a peer dies or stops sending.
+
+Two mechanisms, both bounded by ``stream.timeout_s``:
+
+- Every point-to-point transfer waits with a deadline (``wait_for``); a closed connection or a missed deadline
+  becomes a ``PeerFailure`` that names the peer's role and rank.
+- A ``PeerMonitor`` thread beats a per-rank counter in the rendezvous store and watches everybody else's. A rank
+  whose counter stops moving for ``timeout_s`` without having signed off as finished is reported dead. This
+  catches the failures point-to-point deadlines cannot name, e.g. a drafter dying while the other drafters sit
+  in a gradient all-reduce.
+
+On failure the process prints one line naming the dead peer and leaves with ``os._exit``: tearing down process
+groups that still hold a connection to a dead peer can itself block, and a hung survivor is the one outcome
+that must never happen.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+import torch.distributed as dist
+
+FAILURE_EXIT_CODE = 3
+_HEARTBEAT_PREFIX = "deepspec/heartbeat/"
+_DONE_PREFIX = "deepspec/finished/"
+
+
+class PeerFailure(RuntimeError):
+    """A peer died, closed its connection or stopped sending."""
+
+
+def abort(message: str) -> None:
+    """Print ``message`` on stderr and end the process at once with a non-zero status."""
+    sys.stderr.write(f"error: [rank {os.environ.get('RANK', '0')}] {message}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(FAILURE_EXIT_CODE)
+
+
+def wait_for(work: dist.Work, timeout_s: float, peer: str, action: str) -> None:
+    """Wait for a point-to-point ``work`` for at most ``timeout_s``; a failure names ``peer`` (e.g. its role)."""
+    try:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        text = str(exc)
+        if "imeout" in text or "timed out" in text:
+            raise PeerFailure(f"{peer} did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)") from exc
+        raise PeerFailure(f"{peer} died or closed its connection while this rank waited for it to {action}: {text.splitlines()[0]}") from exc
+
+
+class PeerMonitor:
+    """Heartbeats through the rendezvous store; aborts when a peer that has not finished goes silent."""
+
+    def __init__(self, rank: int, world_size: int, timeout_s: float, describe: Callable[[int], str]):
+        self.rank = rank
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.describe = describe
+        self.interval_s = max(0.05, min(timeout_s / 5.0, 5.0))
+        self._store = dist.distributed_c10d._get_default_store()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def start(self) -> "PeerMonitor":
+        self._thread = threading.Thread(target=self._run, name="deepspec-peer-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def finish(self) -> None:
+        """Sign off: from now on peers do not report this rank's silence as a failure."""
+        self._stop.set()
+        try:
+            self._store.set(f"{_DONE_PREFIX}{self.rank}", "1")
+        except RuntimeError:
+            pass  # the store host already left after finishing; there is nobody left to tell
+
+    def _run(self) -> None:
+        beats = 0
+        last_value: dict[int, bytes] = {}
+        last_change: dict[int, float] = {}
+        peers = [r for r in range(self.world_size) if r != self.rank]
+        while not self._stop.wait(self.interval_s):
+            beats += 1
+            try:
+                self._store.set(f"{_HEARTBEAT_PREFIX}{self.rank}", str(beats))
+                now = time.monotonic()
+                for peer in peers:
+                    if self._store.check([f"{_DONE_PREFIX}{peer}"]):
+                        continue
+                    if not self._store.check([f"{_HEARTBEAT_PREFIX}{peer}"]):
+                        continue  # not started yet: point-to-point deadlines cover a peer that never comes up
+                    value = self._store.get(f"{_HEARTBEAT_PREFIX}{peer}")
+                    if value != last_value.get(peer):
+                        last_value[peer], last_change[peer] = value, now
+                    elif now - last_change[peer] > self.timeout_s:
+                        abort(f"{self.describe(peer)} stopped responding for {self.timeout_s:g} s (dead or hung); exiting")
+            except RuntimeError as exc:
+                if self._stop.is_set():
+                    return
+                abort(
+                    f"lost the rendezvous store (hosted by {self.describe(0)} unless the launcher hosts it): "
+                    f"{str(exc).splitlines()[0]}; exiting"
+                )

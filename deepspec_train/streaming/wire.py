@@ -1,0 +1,133 @@
+"""How packed micro-batches cross the wire between a target worker and a drafter worker.
+
+One message = the micro-batches of one optimizer step (or of one validation pass) for one drafter:
+
+1. a fixed header, ``int64[HEADER_LEN]``: magic, kind, step, epoch, step in epoch, number of batches;
+2. a layout, ``int64[num_batches * NUM_FIELDS * 4]``: per batch and per ``PackedBatch`` field (in its wire
+   order), the dtype code, the number of dimensions and two dimension sizes;
+3. the payload: every non-empty field tensor of every batch, in that order, received straight into buffers of
+   the announced shape and dtype (empty tensors are not sent at all).
+
+Transfers use ``torch.distributed`` point-to-point ops (gloo on CPU, NCCL on GPU, so buffers live on the
+process's device) and wait with a deadline (``watchdog.wait_for``) so that a dead peer is an error, not a hang.
+The same module carries the two small control vectors of the start-up exchange (``send_ints`` / ``recv_ints``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+import torch.distributed as dist
+
+from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.streaming.watchdog import PeerFailure, wait_for
+
+MAGIC = 0x5D5B_A7C4
+HEADER_LEN = 8
+FIELD_NAMES = [f.name for f in fields(PackedBatch)]
+NUM_FIELDS = len(FIELD_NAMES)
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int64: 3, torch.int32: 4, torch.bool: 5}
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+
+KIND_TRAIN = 1
+KIND_VALIDATION = 2
+
+
+@dataclass
+class StreamMessage:
+    kind: int
+    step: int
+    epoch: int
+    step_in_epoch: int
+    batches: list[PackedBatch]
+    wire_bytes: int = 0
+
+
+def _layout(batches: list[PackedBatch]) -> list[int]:
+    layout = []
+    for batch in batches:
+        for name in FIELD_NAMES:
+            t = getattr(batch, name)
+            if t.dim() > 2:
+                raise ValueError(f"PackedBatch.{name} has {t.dim()} dimensions; the wire format carries at most 2")
+            shape = list(t.shape) + [0] * (2 - t.dim())
+            layout.extend([DTYPE_CODES[t.dtype], t.dim(), *shape])
+    return layout
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def send_message(message: StreamMessage, dst: int, device: torch.device, timeout_s: float, peer: str) -> int:
+    """Send one message to rank ``dst``; returns the bytes put on the wire."""
+    header = torch.tensor(
+        [MAGIC, message.kind, message.step, message.epoch, message.step_in_epoch, len(message.batches), 0, 0],
+        dtype=torch.int64, device=device,
+    )
+    parts = [header]
+    if message.batches:
+        parts.append(torch.tensor(_layout(message.batches), dtype=torch.int64, device=device))
+    for batch in message.batches:
+        parts.extend(t.contiguous() for t in batch.tensors().values() if t.numel() > 0)
+    # All sends are posted before waiting on any: the receiver posts its receives in the same order.
+    works = [dist.isend(t, dst) for t in parts]
+    for work in works:
+        wait_for(work, timeout_s, peer, "receive a stream message")
+    return sum(_nbytes(t) for t in parts)
+
+
+def _recv(buffer: torch.Tensor, src: int, timeout_s: float, peer: str) -> torch.Tensor:
+    wait_for(dist.irecv(buffer, src), timeout_s, peer, "send a stream message")
+    return buffer
+
+
+def recv_message(src: int, device: torch.device, timeout_s: float, peer: str) -> StreamMessage:
+    """Receive one message from rank ``src`` into freshly allocated buffers on ``device``."""
+    header = _recv(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), src, timeout_s, peer).tolist()
+    if header[0] != MAGIC:
+        raise PeerFailure(f"{peer} sent a malformed stream header {header} (mismatched protocol or ranks)")
+    kind, step, epoch, step_in_epoch, num_batches = header[1:6]
+    wire_bytes = _nbytes(torch.empty(HEADER_LEN, dtype=torch.int64))
+    batches = []
+    if num_batches:
+        layout = torch.empty(num_batches * NUM_FIELDS * 4, dtype=torch.int64, device=device)
+        layout = _recv(layout, src, timeout_s, peer).view(num_batches, NUM_FIELDS, 4).tolist()
+        wire_bytes += num_batches * NUM_FIELDS * 4 * 8
+        # Post every receive first, then wait: matches the sender's order and keeps the pipe full.
+        pending = []
+        for batch_layout in layout:
+            tensors = {}
+            for name, (code, ndim, d0, d1) in zip(FIELD_NAMES, batch_layout):
+                buffer = torch.empty([d0, d1][:ndim], dtype=CODE_DTYPES[code], device=device)
+                if buffer.numel() > 0:
+                    pending.append(dist.irecv(buffer, src))
+                    wire_bytes += _nbytes(buffer)
+                tensors[name] = buffer
+            batches.append(PackedBatch(**tensors))
+        for work in pending:
+            wait_for(work, timeout_s, peer, "send a stream message")
+    return StreamMessage(kind, step, epoch, step_in_epoch, batches, wire_bytes)
+
+
+def send_ints(values: list[int], dst: int, device: torch.device, timeout_s: float, peer: str) -> None:
+    t = torch.tensor([MAGIC, len(values), *values], dtype=torch.int64, device=device)
+    wait_for(dist.isend(torch.tensor([t.numel()], dtype=torch.int64, device=device), dst), timeout_s, peer, "receive")
+    wait_for(dist.isend(t, dst), timeout_s, peer, "receive a control message")
+
+
+def recv_ints(src: int, device: torch.device, timeout_s: float, peer: str) -> list[int]:
+    size = int(_recv(torch.empty(1, dtype=torch.int64, device=device), src, timeout_s, peer).item())
+    values = _recv(torch.empty(size, dtype=torch.int64, device=device), src, timeout_s, peer).tolist()
+    if values[0] != MAGIC or values[1] != size - 2:
+        raise PeerFailure(f"{peer} sent a malformed control message (mismatched protocol or ranks)")
+    return values[2:]
+
+
+def send_tensor(t: torch.Tensor, dst: int, timeout_s: float, peer: str) -> None:
+    wait_for(dist.isend(t.contiguous(), dst), timeout_s, peer, "receive a tensor")
+
+
+def recv_tensor(buffer: torch.Tensor, src: int, timeout_s: float, peer: str) -> torch.Tensor:
+    return _recv(buffer, src, timeout_s, peer)

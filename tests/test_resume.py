@@ -1,0 +1,33 @@
+"""Exact resume in streamed mode (1 target + 1 drafter, gloo, CPU fp32): 10 steps, then ``train.resume=auto``
+for 10 more, gives the same per-step losses as 20 uninterrupted steps. 20 steps cross an epoch boundary
+(12 steps per epoch here), so the data position, the LR schedule, the optimizer and the RNG all have to come
+back right; the checkpoint holds only safetensors, JSON and tensor-only ``torch.save`` files."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from deepspec_train.training.checkpoint import list_checkpoints
+from tests.test_streaming_support import recipe_overrides, run_ranks, step_losses, streaming_world
+
+__all__ = ["streaming_world"]
+
+
+def test_resumed_streamed_run_matches_uninterrupted(streaming_world, tmp_path) -> None:
+    common = {"topology.target_workers": 1, "train.max_steps": 20, "train.eval_every": 1000, "train.checkpoint_every": 1000}
+    full, split = tmp_path / "full", tmp_path / "split"
+    run_ranks(recipe_overrides(streaming_world, full, **common), 2, full / "logs")
+    run_ranks(recipe_overrides(streaming_world, split, **common, **{"train.stop_at_step": 10}), 2, split / "logs1")
+    stopped = list_checkpoints(split)
+    assert [p.name for p in stopped] == ["step_00000010"]
+    state = json.loads((stopped[0] / "trainer_state.json").read_text())
+    assert state["step"] == 10 and state["data"] == {"epoch": 0, "step_in_epoch": 10}
+    torch.load(stopped[0] / "optimizer.pt", weights_only=True)
+    run_ranks(recipe_overrides(streaming_world, split, **common, **{"train.resume": "auto"}), 2, split / "logs2")
+
+    expected, resumed = step_losses(full), step_losses(split)
+    assert sorted(expected) == list(range(1, 21)) and sorted(resumed) == list(range(1, 21))
+    for step in range(1, 21):
+        assert abs(expected[step] - resumed[step]) <= 1e-6, (step, expected[step], resumed[step])

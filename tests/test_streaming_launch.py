@@ -1,0 +1,45 @@
+"""End to end through the real launcher: ``accelerate launch`` with ``launch/accelerate/single_node.yaml`` and 2
+processes runs 1 target worker + 1 drafter worker on CPU, and its per-step losses equal a colocated
+single-process run of the same recipe exactly (the streamed features are the colocated ones, bit for bit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from deepspec_train.config.loader import load_recipe
+from deepspec_train.training.run import run_training
+from tests.test_streaming_support import REPO, free_port, recipe_overrides, step_losses, streaming_world
+
+__all__ = ["streaming_world"]
+
+
+@pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")
+def test_accelerate_launch_one_target_one_drafter(streaming_world, tmp_path) -> None:
+    streamed, colocated = tmp_path / "streamed", tmp_path / "colocated"
+    args = recipe_overrides(streaming_world, streamed, **{"topology.target_workers": 1})
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", "launch/accelerate/single_node.yaml",
+        "--num_processes", "2", "--main_process_port", str(free_port()), "train.py", *args,
+    ]
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert (streamed / "drafter" / "drafter.safetensors").is_file()
+
+    overrides = recipe_overrides(streaming_world, colocated, **{"topology.target_workers": 0})
+    run_training(load_recipe(overrides[0].split("=", 1)[1], overrides[1:]))
+    expected, got = step_losses(colocated), step_losses(streamed)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert got == expected
+    records = [json.loads(line) for line in (streamed / "metrics.jsonl").read_text().splitlines()]
+    stream = [r for r in records if "stream/target_wait_frac" in r]
+    assert len(stream) == 4
+    assert all(0.0 <= r["stream/target_wait_frac"] <= 1.0 and r["stream/wire_bytes_per_supervised_token"] > 0 for r in stream)

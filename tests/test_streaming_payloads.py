@@ -1,0 +1,108 @@
+"""Streamed payloads are bit-identical to the colocated in-process features (CPU, fp32), for 1 target feeding
+2 drafters and 2 targets taking turns feeding 1 drafter.
+
+Each world runs this module as a script (one process per rank, gloo): target ranks run the real target role,
+drafter ranks receive through ``StreamedFeatureSource`` and dump every received micro-batch (training steps and
+validation passes) to safetensors. The test then recomputes what each drafter index would see colocated and
+compares every tensor exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from deepspec_train.config.loader import load_recipe
+from deepspec_train.packing.batch import PackedBatch
+from tests.test_streaming_support import read_logs, recipe_overrides, start_ranks, streaming_world, wait_all
+
+__all__ = ["streaming_world"]
+
+STEPS = 3
+
+
+def _config(world: dict[str, str], out: Path, targets: int):
+    args = recipe_overrides(world, out, **{"topology.target_workers": targets, "train.max_steps": STEPS})
+    return load_recipe(args[0].split("=", 1)[1], args[1:])
+
+
+def _dump(batches: list[PackedBatch], out: Path, name: str) -> None:
+    for i, batch in enumerate(batches):
+        save_file({k: v.contiguous() for k, v in batch.tensors().items()}, str(out / f"{name}_{i}.safetensors"))
+
+
+def _worker(world_file: str, out: str, targets: int) -> None:
+    """One rank of a payload-dumping world (run as ``python -m tests.test_streaming_payloads``)."""
+    from deepspec_train.streaming.roles import Topology
+    from deepspec_train.streaming.streamed_run import run_target_role
+    from deepspec_train.streaming.streamed_source import StreamedFeatureSource
+    from deepspec_train.training.distributed import init_distributed, role_context, shutdown
+
+    cfg = _config(json.loads(Path(world_file).read_text()), Path(out), targets)
+    world = init_distributed(cfg.stream.timeout_s)
+    topology = Topology.from_world(world.world_size, targets)
+    ctx = role_context(world, targets)
+    if topology.role_of(world.rank) == "target":
+        run_target_role(cfg, ctx, world.rank, topology)
+    else:
+        source = StreamedFeatureSource(topology, ctx.rank, ctx.device, cfg.stream.timeout_s)
+        for step, batches in enumerate(source):
+            _dump(batches, Path(out), f"d{ctx.rank}_train_{step}")
+            if source.plan.validates_after(step):
+                _dump(source.validation_batches(), Path(out), f"d{ctx.rank}_val_{step}")
+    shutdown(world)
+
+
+def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
+    from deepspec_train.target.hidden_states import TargetTap
+    from deepspec_train.target.loading import load_target_model
+    from deepspec_train.training.distributed import DistContext
+    from deepspec_train.training.feature_source import InProcessFeatureSource
+    from deepspec_train.training.run import load_token_datasets, packing_spec, validation_source
+
+    single = DistContext(0, 1, 0, torch.device("cpu"), None)
+    data = load_token_datasets(cfg, single)
+    tap = TargetTap(load_target_model(cfg.target, single.device), cfg.target.layer_ids)
+    expected = {}
+    for d in range(drafters):
+        colocated = InProcessFeatureSource(
+            data["train"], tap, packing_spec(cfg), cfg.train.global_batch_sequences,
+            cfg.train.micro_batch_sequences, cfg.run.seed, d, drafters,
+        )
+        val, rows = validation_source(cfg, data["validation"], tap, d, drafters, single.device)
+        for step, batches in zip(range(STEPS), colocated):
+            expected[f"d{d}_train_{step}"] = batches
+            if (step + 1) % cfg.train.eval_every == 0 or step + 1 == STEPS:
+                expected[f"d{d}_val_{step}"] = val.batches_for(rows, epoch=0)
+    return expected
+
+
+@pytest.mark.parametrize("targets,drafters", [(1, 2), (2, 1)])
+def test_streamed_payloads_equal_colocated_bit_for_bit(streaming_world, tmp_path, targets, drafters) -> None:
+    world_file = tmp_path / "world.json"
+    world_file.write_text(json.dumps(streaming_world))
+    out = tmp_path / "dump"
+    out.mkdir()
+    argv = ["-m", "tests.test_streaming_payloads", str(world_file), str(out), str(targets)]
+    procs = start_ranks(argv, targets + drafters, tmp_path / "logs")
+    codes = wait_all(procs, timeout=180)
+    assert codes == [0] * (targets + drafters), read_logs(tmp_path / "logs", targets + drafters)
+
+    expected = _expected(_config(streaming_world, out, targets), drafters)
+    received = sorted(p.name for p in out.glob("*.safetensors"))
+    assert received == sorted(f"{name}_{i}.safetensors" for name, bs in expected.items() for i in range(len(bs)))
+    for name, batches in expected.items():
+        for i, batch in enumerate(batches):
+            got = load_file(str(out / f"{name}_{i}.safetensors"))
+            for field, tensor in batch.tensors().items():
+                assert got[field].dtype == tensor.dtype and got[field].shape == tensor.shape, (name, field)
+                assert torch.equal(got[field], tensor), (name, i, field)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2], int(sys.argv[3]))
