@@ -1,0 +1,113 @@
+"""PNG plots of a drafter comparison: conditional acceptance per position (one file per suite), tau per suite as
+grouped bars, and the confidence head's ECE per position before / after calibration.
+
+Drawn with matplotlib's object API on the Agg canvas (no ``pyplot`` state, no display), like
+``deepspec_train.metrics.plots``, whose per-position line plot is reused for the acceptance curves. A plot whose
+data no drafter has is not written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from deepspec_train.comparison.collect import DrafterRow, suites_of
+from deepspec_train.metrics.plots import plot_per_position
+
+TAU_FILE = "tau_per_suite.png"
+CALIBRATION_FILE = "calibration.png"
+
+
+def acceptance_file(suite: str) -> str:
+    """``conditional_acceptance_<suite>.png``, with characters unsafe in file names replaced by ``_``."""
+    return f"conditional_acceptance_{re.sub(r'[^A-Za-z0-9_.-]', '_', suite)}.png"
+
+
+def _floats(values: Sequence[float | None]) -> np.ndarray:
+    # NaN leaves a gap in a line instead of drawing a fake zero.
+    return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fig.savefig(out, format="png", dpi=120, bbox_inches="tight")
+    return out
+
+
+def plot_conditional_acceptance(rows: Sequence[DrafterRow], suite: str, path: str | os.PathLike) -> Path:
+    """One line per drafter evaluated on ``suite``: measured ``P(A_k | A_<k)`` over positions k."""
+    curves = {r.name: _floats(r.conditional_acceptance[suite]) for r in rows if r.conditional_acceptance.get(suite)}
+    return plot_per_position(curves, f"P(A_k | A_<k) on {suite}", path)
+
+
+def plot_tau_per_suite(rows: Sequence[DrafterRow], path: str | os.PathLike) -> Path:
+    """Grouped bars: one group per suite (plus the mean over suites when there are several), one bar per drafter.
+
+    A drafter gets a "mean" bar only if it was evaluated on every suite: a mean over an easier subset of suites
+    would not be comparable with the others'."""
+    suites = suites_of(rows)
+    groups = suites + (["mean"] if len(suites) > 1 else [])
+
+    def mean_over_all(row: DrafterRow) -> float | None:
+        return row.mean_tau if all(row.tau.get(s) is not None for s in suites) else None
+
+    fig = Figure(figsize=(max(5.0, 1.0 + 0.4 * len(groups) * len(rows)), 4.0))
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(rows), 1)
+    for i, row in enumerate(rows):
+        values = [mean_over_all(row) if group == "mean" else row.tau.get(group) for group in groups]
+        present = [j for j, v in enumerate(values) if v is not None]
+        offset = (i - (len(rows) - 1) / 2) * width
+        ax.bar([j + offset for j in present], [values[j] for j in present], width, label=row.name)
+    ax.set_xticks(np.arange(len(groups)), groups)
+    ax.set_ylabel("tau (tokens per round, bonus included)")
+    ax.grid(True, axis="y", alpha=0.3)
+    if rows:
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_calibration(rows: Sequence[DrafterRow], path: str | os.PathLike) -> Path:
+    """ECE of cumulative survival per position, dashed before and solid after STS, one colour per drafter."""
+    fig = Figure(figsize=(6.0, 4.0))
+    ax = fig.add_subplot()
+    calibrated = [(r.name, r.calibration) for r in rows if r.calibration is not None]
+    for i, (name, calibration) in enumerate(calibrated):
+        colour = f"C{i % 10}"
+        for values, style, label in (
+            (calibration.ece_before, "--", "before"),
+            (calibration.ece_after, "-", "after"),
+        ):
+            ax.plot(np.arange(1, len(values) + 1), _floats(values), style, color=colour, marker="o",
+                    label=f"{name} {label}")
+    ax.set_xlabel("block position k")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("ECE of cumulative survival S_k")
+    ax.grid(True, alpha=0.3)
+    if calibrated:
+        ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def write_plots(rows: Sequence[DrafterRow], out_dir: str | os.PathLike) -> list[Path]:
+    """Write every plot that some drafter has data for into ``out_dir``; returns their paths."""
+    out = Path(out_dir)
+    written = [
+        plot_conditional_acceptance(rows, suite, out / acceptance_file(suite))
+        for suite in suites_of(rows)
+        if any(r.conditional_acceptance.get(suite) for r in rows)
+    ]
+    if any(v is not None for r in rows for v in r.tau.values()):
+        written.append(plot_tau_per_suite(rows, out / TAU_FILE))
+    if any(r.calibration is not None for r in rows):
+        written.append(plot_calibration(rows, out / CALIBRATION_FILE))
+    return written
