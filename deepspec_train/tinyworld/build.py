@@ -23,8 +23,8 @@ import platform
 import random
 import shutil
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from tqdm import tqdm
@@ -43,7 +43,12 @@ from deepspec_train.tinyworld.target_training import (
     train_target,
     unigram_entropy,
 )
-from deepspec_train.tinyworld.tokenizer_builder import END_OF_TEXT, IM_START, MASK_TOKEN, build_tokenizer
+from deepspec_train.tinyworld.tokenizer_builder import (
+    END_OF_TEXT,
+    IM_START,
+    MASK_TOKEN,
+    build_tokenizer,
+)
 
 OUTPUT_ENTRIES = ("target", "corpus", "conversations", "suites", "build_report.json")
 
@@ -51,8 +56,7 @@ OUTPUT_ENTRIES = ("target", "corpus", "conversations", "suites", "build_report.j
 def write_jsonl(path: Path, rows: Iterable[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
 def suite_rows(rows: list[dict]) -> list[dict]:

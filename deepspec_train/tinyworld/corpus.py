@@ -16,9 +16,10 @@ import ast
 import random
 import sysconfig
 import textwrap
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional
+from pydoc_data.topics import topics
 
 from tqdm import tqdm
 
@@ -78,7 +79,7 @@ def _function_source(lines: list[str], node: ast.FunctionDef) -> str:
     return textwrap.dedent("\n".join(lines[node.lineno - 1 : node.end_lineno])).strip("\n")
 
 
-def parse_module(root: Path, path: Path) -> tuple[list[StdlibFunction], Optional[ModuleDoc]]:
+def parse_module(root: Path, path: Path) -> tuple[list[StdlibFunction], ModuleDoc | None]:
     """Documented functions and methods of one source file, and its module docstring if it is substantial."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -211,8 +212,6 @@ _MODULE_PROMPTS = (
 
 def prose_texts(module_docs: list[ModuleDoc], rng: random.Random) -> list[tuple[str, str]]:
     """Every (question, answer) pair available from pydoc topics and module docstrings, in a fixed order."""
-    from pydoc_data.topics import topics
-
     pairs = []
     for key in sorted(topics):
         for heading, body in topic_sections(topics[key]):
@@ -329,7 +328,7 @@ def math_conversations(count: int, rng: random.Random) -> list[dict]:
 
 
 def build_corpus(
-    num_code: int, num_prose: int, num_math: int, seed: int, root: Optional[Path] = None, progress: bool = True
+    num_code: int, num_prose: int, num_math: int, seed: int, root: Path | None = None, progress: bool = True
 ) -> dict[str, list[dict]]:
     """Conversations of every domain, keyed by domain. Deterministic for a seed and a Python installation."""
     root = root or stdlib_dir()

@@ -15,8 +15,8 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 from tqdm import tqdm
@@ -29,6 +29,8 @@ from deepspec_train.tinyworld.presets import TinyWorldPreset
 CHAT_KWARGS = {"enable_thinking": False}
 # RoPE has no learned positions, so the target accepts sequences longer than its training windows.
 MAX_POSITION_EMBEDDINGS = 4096
+# Training steps timed to plan how many fit in the time budget.
+_TIMED_STEPS = 4
 
 
 def target_config(preset: TinyWorldPreset, tokenizer: PreTrainedTokenizerBase) -> Qwen3Config:
@@ -73,12 +75,18 @@ def packed_windows(
                 del buffer[:seq_len]
 
 
-def lr_at(step: int, preset: TinyWorldPreset) -> float:
-    """Linear warmup, then cosine decay to a tenth of the peak."""
+def lr_at(step: int, total_steps: int, preset: TinyWorldPreset) -> float:
+    """Linear warmup, then cosine decay to a tenth of the peak at ``total_steps``."""
     if step < preset.warmup_steps:
         return preset.lr * (step + 1) / preset.warmup_steps
-    progress = (step - preset.warmup_steps) / max(1, preset.max_steps - preset.warmup_steps)
+    progress = (step - preset.warmup_steps) / max(1, total_steps - preset.warmup_steps)
     return preset.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def planned_steps(preset: TinyWorldPreset, seconds_per_step: float) -> int:
+    """Steps that fit in the time budget at the measured speed, at most ``preset.max_steps``: the learning-rate
+    schedule then ends with the training on a slow machine instead of being cut off at a high rate."""
+    return max(preset.warmup_steps + 1, min(preset.max_steps, int(preset.max_train_seconds / seconds_per_step)))
 
 
 @dataclass
@@ -88,6 +96,8 @@ class TrainStats:
     seconds: float
     tokens_per_s: float
     final_loss: float
+    # Below preset.max_steps when the machine is too slow to run them all in preset.max_train_seconds.
+    planned_steps: int
     stopped_by_time: bool
 
 
@@ -99,7 +109,8 @@ def train_target(
     seed: int,
     progress: bool = True,
 ) -> TrainStats:
-    """Train ``model`` in place for ``preset.max_steps`` steps (or until ``preset.max_train_seconds``)."""
+    """Train ``model`` in place for ``preset.max_steps`` steps, or for as many as fit in
+    ``preset.max_train_seconds`` at the speed of the first steps (then the result depends on the machine)."""
     torch.manual_seed(seed)
     windows = packed_windows(conversations, separator, preset.seq_len, random.Random(f"{seed}-windows"))
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -113,26 +124,40 @@ def train_target(
     start = time.perf_counter()
     tokens, loss_ema, steps = 0, float("nan"), 0
     stopped_by_time = False
-    bar = tqdm(range(preset.max_steps), desc="tinyworld: train target", unit="step", disable=not progress)
-    for step in bar:
-        if time.perf_counter() - start > preset.max_train_seconds:
+    total_steps, first_step_s = preset.max_steps, 0.0
+    bar = tqdm(total=total_steps, desc="tinyworld: train target", unit="step", disable=not progress)
+    for step in range(preset.max_steps):
+        if step >= total_steps:
+            break
+        elapsed = time.perf_counter() - start
+        if elapsed > preset.max_train_seconds:
             stopped_by_time = True
             break
+        if step == _TIMED_STEPS:
+            # Step 0 pays one-off allocation costs; steps 1.._TIMED_STEPS-1 give the speed of this machine.
+            total_steps = planned_steps(preset, (elapsed - first_step_s) / (_TIMED_STEPS - 1))
+            bar.total = total_steps
         batch = torch.tensor([next(windows) for _ in range(preset.batch_size)])
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, preset)
+            group["lr"] = lr_at(step, total_steps, preset)
         loss = model(input_ids=batch, labels=batch).loss
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         steps += 1
+        if step == 0:
+            first_step_s = time.perf_counter() - start
         tokens += batch.numel()
         loss_ema = loss.item() if math.isnan(loss_ema) else 0.95 * loss_ema + 0.05 * loss.item()
+        bar.update(1)
         bar.set_postfix(loss=f"{loss_ema:.3f}", tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+    bar.close()
     model.eval()
     seconds = time.perf_counter() - start
-    return TrainStats(steps, tokens, seconds, tokens / max(seconds, 1e-9), loss_ema, stopped_by_time)
+    return TrainStats(
+        steps, tokens, seconds, tokens / max(seconds, 1e-9), loss_ema, total_steps, stopped_by_time
+    )
 
 
 def assistant_tokens(

@@ -10,9 +10,17 @@ Qwen3 does, as non-special added tokens, so that decoding with ``skip_special_to
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+    trainers,
+)
 from transformers import PreTrainedTokenizerFast
 
 from deepspec_train.data.chatml_template import CHATML_TEMPLATE
