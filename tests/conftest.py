@@ -7,10 +7,15 @@ to skip the build while iterating locally; CI always builds a fresh one.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -24,13 +29,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Directory of a `test`-preset tiny world: target/, conversations/{train,validation}.jsonl, suites/."""
+    """Directory of a `test`-preset tiny world: target/, conversations/{train,validation}.jsonl, suites/.
+
+    Built once per session through the command line, as a user builds it (one thread: the tiny model gains
+    nothing from more, and spinning threads are slow on a shared CI machine). The command's wall time is left
+    in ``command_seconds.txt`` beside the build report.
+    """
     prebuilt = os.environ.get("DEEPSPEC_TINYWORLD_DIR")
     if prebuilt:
         return Path(prebuilt)
-    from deepspec_train.tinyworld.build import build_tiny_world
-    from deepspec_train.tinyworld.presets import get_preset
-
     out = tmp_path_factory.mktemp("tinyworld")
-    build_tiny_world(out, get_preset("test"), seed=0, progress=False)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "deepspec_train.tinyworld.cli", "build", "--out", str(out), "--preset", "test",
+         "--threads", "1", "--no-progress"],
+        cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    (out / "command_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}")
     return out

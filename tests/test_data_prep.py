@@ -11,7 +11,6 @@ from types import ModuleType
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 
 from deepspec_train.config.loader import load_recipe
 from tests.tiny_random_model import save_tiny_chat_model

@@ -5,11 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import os
 import random
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -56,17 +52,10 @@ def tokenizer(small_corpus):
 
 
 @pytest.fixture(scope="module")
-def built_world(tmp_path_factory) -> tuple[Path, float]:
-    """One `test`-preset build through the command line, as a user runs it (one thread: the tiny model gains
-    nothing from more, and a shared CI machine makes spinning threads slow)."""
-    out = tmp_path_factory.mktemp("tinyworld")
-    start = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-m", "deepspec_train.tinyworld.cli", "build", "--out", str(out), "--preset", "test",
-         "--threads", "1", "--no-progress"],
-        cwd=REPO, check=True, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    return out, time.perf_counter() - start
+def built_world(tiny_world: Path) -> tuple[Path, float]:
+    """The session's `test`-preset build (tests/conftest.py) and the wall time of its command."""
+    timing = tiny_world / "command_seconds.txt"
+    return tiny_world, float(timing.read_text()) if timing.exists() else float("nan")
 
 
 def test_corpus_rows_have_the_conversation_form(small_corpus):
