@@ -1,0 +1,118 @@
+"""``deepspec eval``: exact speculative decoding of prompt suites with an HF target and a trained drafter.
+
+    deepspec eval --target DIR --drafter DIR --suite tinyworld:math --tinyworld WORLD \\
+        [--suite FILE.jsonl ...] [--block-size K] [--temperature T] [--max-new-tokens N] [--max-prompts N] \\
+        [--seed S] --out results.json [--save-traces TRACES.jsonl]
+
+``--drafter`` is an export directory or a training output (``<run>/drafter``). Each prompt of each suite is
+decoded as one conversation (all its turns); ``results.json`` holds tau, conditional acceptance per position and
+tokens/s per suite and category (``deepspec_train.evaluation.report``); ``--save-traces`` writes one JSON
+object per verification round, the input of ``deepspec calibrate`` and ``deepspec simulate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from deepspec_train.evaluation.drafting import block_drafter_for
+from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
+from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
+from deepspec_train.evaluation.suites import Suite, load_suite
+from deepspec_train.export.loader import load_exported_drafter
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="target model directory (from_pretrained)")
+    parser.add_argument("--drafter", required=True, help="exported drafter, or a training run's drafter directory")
+    parser.add_argument("--suite", action="append", required=True, help="suite JSONL file or tinyworld:NAME")
+    parser.add_argument("--tinyworld", default=None, help="tiny world directory for tinyworld:NAME suites")
+    parser.add_argument(
+        "--block-size", type=int, default=None, help="drafted tokens per round (default: the drafter's maximum)"
+    )
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 means greedy")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="per assistant turn")
+    parser.add_argument("--max-prompts", type=int, default=None, help="first N prompts of each suite")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", required=True, help="results.json path")
+    parser.add_argument("--save-traces", default=None, help="write per-round traces (JSONL) here")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_tokens: int, progress: bool = True):
+    """Decode every prompt of every suite; returns (trace rows, per-conversation stats)."""
+    traces: list[dict] = []
+    stats: list[ConversationStats] = []
+    total = sum(len(s.prompts) for s in suites)
+    with tqdm(total=total, desc="eval", unit="prompt", disable=not progress, dynamic_ncols=True) as bar:
+        for suite in suites:
+            for prompt in suite.prompts:
+                turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
+                for turn in turns:
+                    for record in turn.rounds:
+                        row = {"suite": suite.name, "category": prompt.category, "prompt_id": prompt.id}
+                        traces.append({**row, **vars(record)})
+                stats.append(
+                    ConversationStats(
+                        suite=suite.name,
+                        category=prompt.category,
+                        new_tokens=sum(len(t.tokens) for t in turns),
+                        seconds=sum(t.seconds for t in turns),
+                    )
+                )
+                bar.update(1)
+    return traces, stats
+
+
+def run(args: argparse.Namespace) -> int:
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    suites = [load_suite(spec, args.tinyworld, args.max_prompts) for spec in args.suite]
+    names = [s.name for s in suites]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"suite names must be distinct, got {names}")
+    loaded = load_exported_drafter(args.drafter, target_path=args.target, device=device)
+    target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
+    target.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(args.target)
+    drafter = block_drafter_for(loaded)
+    block_size = args.block_size or drafter.max_block_size
+    decoder = SpeculativeDecoder(
+        target,
+        tokenizer,
+        drafter,
+        loaded.target_layer_ids,
+        block_size,
+        args.temperature,
+        generator=torch.Generator(device=device).manual_seed(args.seed),
+        confidence_temperatures=loaded.confidence_temperatures,
+    )
+    traces, stats = evaluate_suites(decoder, suites, args.max_new_tokens, progress=not args.no_progress)
+    header = {
+        "target": args.target,
+        "drafter": args.drafter,
+        "drafter_kind": loaded.kind,
+        "block_size": block_size,
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+    }
+    results = build_results(traces, stats, block_size, header)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2))
+    if args.save_traces:
+        trace_path = Path(args.save_traces)
+        trace_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(trace_path, "w", encoding="utf-8") as handle:
+            for row in traces:
+                handle.write(json.dumps(row) + "\n")
+    print(summary_table(results))
+    print(f"results: {out}" + (f"; traces: {args.save_traces}" if args.save_traces else ""))
+    return 0

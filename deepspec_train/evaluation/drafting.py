@@ -1,0 +1,248 @@
+"""Draft one block from a trained drafter at decode time: tokens, draft distributions and confidence logits.
+
+The speculative decoder hands a drafter the target context it has so far (decoder-layer features at positions
+``0..a-1`` and the tokens there) and the anchor token ``x_a``; the drafter proposes ``K`` tokens for positions
+``a+1..a+K`` together with the distribution ``q_k`` (over the target vocabulary) each was sampled from, which
+exact verification needs. Every call drafts ``R`` rows that share the context but may have different anchors:
+the decoder uses ``R = 1``; the losslessness test drafts thousands of rows at once.
+
+- DSpark / DFlash (``ParallelBlockDrafter``): the backbone runs once over ``[x_a, MASK, ...]`` (once per distinct
+  anchor); then slots are sampled left to right, slot ``k``'s logits being the backbone logits plus the Markov
+  bias ``W1[prev] @ W2`` of the token sampled for the slot before (``prev_0 = x_a``). The confidence logit of
+  slot ``k`` uses the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
+  (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``.
+- EAGLE-3 (``Eagle3BlockDrafter``): autoregressive; step ``k`` consumes the token sampled at step ``k-1``. Its
+  draft vocabulary is mapped back to target ids through ``d2t``, and ``q`` is zero outside the draft vocabulary.
+
+The drafter's context keys/values are recomputed from all features on every call: ``O(context)`` work per
+round, which is cheap for the tiny world; EAGLE-3 also re-runs its earlier steps (``O(K^2)`` steps per block)
+to reuse the module's own unroll instead of a second implementation of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import torch
+from torch import nn
+
+from deepspec_train.evaluation.spec_sampling import probs_from_logits
+from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
+
+EAGLE_ROWS_PER_CALL = 128
+
+
+@dataclass
+class DraftContext:
+    """Target context of one sequence: ``features [a, F]`` (tapped layers at positions ``0..a-1``) and
+    ``tokens [a]`` (the tokens at those positions). The anchor sits at position ``a``."""
+
+    features: torch.Tensor
+    tokens: torch.Tensor
+
+    @property
+    def anchor_position(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+@dataclass
+class DraftBlock:
+    """``tokens [R, K]`` (target ids), ``probs [R, K, V]`` (target vocabulary, fp32) and, for a drafter with a
+    confidence head, ``confidence_logits [R, K]``."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor
+    confidence_logits: Optional[torch.Tensor]
+
+
+class LoadedDrafterLike(Protocol):
+    """What drafting reads from ``deepspec_train.export.loader.LoadedDrafter``."""
+
+    module: nn.Module
+    kind: str
+    block_size: int
+    mask_token_id: int
+    labels: str
+
+
+class BlockDrafter(Protocol):
+    """Anything the speculative decoder can ask for a block (the real drafters, or a scripted one in tests)."""
+
+    max_block_size: int
+
+    def draft(
+        self,
+        context: DraftContext,
+        anchor_tokens: torch.Tensor,
+        num_tokens: int,
+        temperature: float,
+        generator: Optional[torch.Generator] = None,
+    ) -> DraftBlock: ...
+
+
+def sample_tokens(probs: torch.Tensor, temperature: float, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One token per row of ``probs [R, V]``; the argmax when greedy (``probs`` is then one-hot).
+
+    Inverse-CDF sampling in fp64 (one uniform per row against the cumulative sum): exact, and much faster than
+    ``torch.multinomial`` on CPU when thousands of rows are drafted at once. A zero-probability token is never
+    drawn, because ``searchsorted(right=True)`` skips the flat steps of the CDF.
+    """
+    if temperature <= 0:
+        return probs.argmax(dim=-1)
+    cdf = torch.cumsum(probs.double(), dim=-1)
+    uniforms = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    index = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True)
+    return index.squeeze(1).clamp(max=probs.shape[-1] - 1)
+
+
+def _anchor_batch(context: DraftContext, anchors: torch.Tensor, width: int, fill_token: int) -> PackedBatch:
+    """A packed batch of ``len(anchors)`` blocks of one sequence, all anchored at ``context.anchor_position``."""
+    device = context.features.device
+    num_ctx, num_blocks = context.anchor_position, int(anchors.shape[0])
+    block_input = torch.full((num_blocks, width), fill_token, dtype=torch.long, device=device)
+    block_input[:, 0] = anchors
+    zeros = torch.zeros(num_blocks, dtype=torch.long, device=device)
+    return PackedBatch(
+        ctx_features=context.features,
+        ctx_tokens=context.tokens.to(device=device, dtype=torch.long),
+        ctx_seq=torch.zeros(num_ctx, dtype=torch.long, device=device),
+        ctx_pos=torch.arange(num_ctx, device=device),
+        block_input=block_input,
+        block_seq=zeros,
+        block_anchor=zeros + num_ctx,
+        block_prev=block_input.clone(),
+        labels=torch.full_like(block_input, IGNORE_INDEX),
+        target_hidden=context.features.new_zeros(0, context.features.shape[-1]),
+        sample_ids=torch.zeros(1, dtype=torch.long, device=device),
+    )
+
+
+class ParallelBlockDrafter:
+    """DSpark / DFlash drafting: one backbone pass, then sequential Markov sampling (see the module docstring)."""
+
+    def __init__(self, module: ParallelDrafter, labels: str = "dspark") -> None:
+        if labels not in ("dspark", "zlab"):
+            raise ValueError(f"unknown label convention {labels!r}")
+        self.module = module
+        # z-lab labels: slot 0 holds the anchor and predicts nothing, so drafts come from slots 1..B-1.
+        self.slot_offset = 1 if labels == "zlab" else 0
+        self.max_block_size = module.block_size - self.slot_offset
+
+    @torch.no_grad()
+    def draft(
+        self,
+        context: DraftContext,
+        anchor_tokens: torch.Tensor,
+        num_tokens: int,
+        temperature: float,
+        generator: Optional[torch.Generator] = None,
+    ) -> DraftBlock:
+        if not 1 <= num_tokens <= self.max_block_size:
+            raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
+        module = self.module
+        # Rows with the same anchor share the backbone pass: only the Markov sampling differs between them.
+        anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True)
+        batch = _anchor_batch(context, anchors, module.block_size, module.mask_token_id)
+        hidden = module.backbone(batch)[row_anchor]
+        prev = anchor_tokens.clone()
+        tokens, probs, conf = [], [], []
+        for k in range(num_tokens):
+            slot_hidden = hidden[:, k + self.slot_offset]
+            logits = module.lm_head(slot_hidden)
+            rows = module.markov_rows(prev)
+            if rows is not None:
+                logits = logits + module.markov_bias(rows)
+            if module.confidence_head is not None:
+                conf.append(module.confidence_logits(slot_hidden, rows).float())
+            q = probs_from_logits(logits, temperature)
+            prev = sample_tokens(q, temperature, generator)
+            tokens.append(prev)
+            probs.append(q)
+        return DraftBlock(
+            tokens=torch.stack(tokens, dim=1),
+            probs=torch.stack(probs, dim=1),
+            confidence_logits=torch.stack(conf, dim=1) if conf else None,
+        )
+
+
+class Eagle3BlockDrafter:
+    """EAGLE-3 drafting: autoregressive steps over the drafter's own samples, mapped to target ids."""
+
+    def __init__(self, module: Eagle3Drafter) -> None:
+        self.module = module
+        self.max_block_size = module.ttt_steps
+
+    @torch.no_grad()
+    def draft(
+        self,
+        context: DraftContext,
+        anchor_tokens: torch.Tensor,
+        num_tokens: int,
+        temperature: float,
+        generator: Optional[torch.Generator] = None,
+    ) -> DraftBlock:
+        if not 1 <= num_tokens <= self.max_block_size:
+            raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
+        if context.anchor_position < 1:
+            raise ValueError("EAGLE-3 needs the target feature at position a-1: the anchor cannot be position 0")
+        # Each row is its own block in the module's dense step mask, which grows as rows^2: draft in groups.
+        parts = [
+            self._draft_rows(context, rows, num_tokens, temperature, generator)
+            for rows in anchor_tokens.split(EAGLE_ROWS_PER_CALL)
+        ]
+        tokens = torch.cat([p.tokens for p in parts])
+        return DraftBlock(tokens=tokens, probs=torch.cat([p.probs for p in parts]), confidence_logits=None)
+
+    def _draft_rows(
+        self,
+        context: DraftContext,
+        anchor_tokens: torch.Tensor,
+        num_tokens: int,
+        temperature: float,
+        generator: Optional[torch.Generator],
+    ) -> DraftBlock:
+        module = self.module
+        vocab = module.t2d.shape[0]
+        target_ids = module.draft_vocab.target_ids()
+        # block_prev column k is step k's input token: the anchor, then each sampled draft in turn.
+        batch = _anchor_batch(context, anchor_tokens, num_tokens, fill_token=0)
+        tokens, probs = [], []
+        for k in range(num_tokens):
+            # Step k only depends on steps 0..k, so unrolling k+1 steps yields exactly the autoregressive state.
+            hidden = module.unroll(batch, k + 1)[:, k]
+            q_draft = probs_from_logits(module.lm_head(module.norm(hidden)), temperature)
+            token = module.draft_vocab.draft_to_target(sample_tokens(q_draft, temperature, generator))
+            q = q_draft.new_zeros(q_draft.shape[0], vocab)
+            q[:, target_ids] = q_draft
+            if k + 1 < num_tokens:
+                batch.block_prev[:, k + 1] = token
+            tokens.append(token)
+            probs.append(q)
+        return DraftBlock(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1), confidence_logits=None)
+
+
+def block_drafter_for(loaded: LoadedDrafterLike) -> BlockDrafter:
+    """The drafting strategy for a loaded drafter (``kind`` dspark / dflash / eagle3)."""
+    if loaded.kind == "eagle3":
+        if not isinstance(loaded.module, Eagle3Drafter):
+            raise TypeError(f"kind eagle3 needs an Eagle3Drafter, got {type(loaded.module).__name__}")
+        return Eagle3BlockDrafter(loaded.module)
+    if loaded.kind in ("dspark", "dflash"):
+        if not isinstance(loaded.module, ParallelDrafter):
+            raise TypeError(f"kind {loaded.kind} needs a ParallelDrafter, got {type(loaded.module).__name__}")
+        return ParallelBlockDrafter(loaded.module, loaded.labels)
+    raise ValueError(f"unknown drafter kind {loaded.kind!r}")
+
+
+def calibrated_confidences(logits: torch.Tensor, temperatures: Optional[list[float]]) -> torch.Tensor:
+    """``sigmoid(z_k / T_k)`` for ``logits [..., K]``; ``T = 1`` when no temperatures were calibrated."""
+    if temperatures is None:
+        return torch.sigmoid(logits)
+    num = logits.shape[-1]
+    if len(temperatures) < num:
+        raise ValueError(f"{len(temperatures)} calibrated temperatures for {num} drafted positions")
+    temps = torch.tensor(temperatures[:num], dtype=logits.dtype, device=logits.device)
+    return torch.sigmoid(logits / temps)

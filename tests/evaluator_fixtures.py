@@ -1,0 +1,98 @@
+"""Test helpers for the evaluator tests: the tiny random target loaded like a real one, and random drafters for it.
+
+``random_drafter(target, kind)`` builds a DSpark, DFlash or EAGLE-3 drafter for the tiny target with random
+weights (Markov ``W2`` and the confidence bias too, so those heads are not trivially zero) and the target's
+embedding / LM head copied in. Speculative decoding must be lossless for any drafter, so random weights are
+enough for the exactness tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+from deepspec_train.models.factory import build_drafter_for_geometry
+from deepspec_train.models.geometry import geometry_from_target_config
+from tests.tiny_random_model import save_tiny_chat_model
+
+BLOCK = 4
+LAYER_IDS = {"dspark": [0], "dflash": [0], "eagle3": [0, 0, 0]}
+
+
+@dataclass
+class FixtureDrafter:
+    """The fields of the exported-drafter loader's result that the evaluator reads."""
+
+    module: nn.Module
+    kind: str
+    block_size: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    confidence_temperatures: Optional[list[float]] = None
+    labels: str = "dspark"
+
+
+def load_tiny_target(directory: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Save the tiny random chat model to ``directory`` and load it back in fp32 eval mode."""
+    path = save_tiny_chat_model(directory)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model, AutoTokenizer.from_pretrained(path)
+
+
+def drafter_recipe(
+    kind: str, mask_token_id: int, block_size: int = BLOCK, draft_vocab_size: Optional[int] = None
+) -> RecipeConfig:
+    settings = {
+        "dspark": dict(num_layers=1, markov_rank=8, confidence_head=True),
+        "dflash": dict(num_layers=1, markov_rank=0, confidence_head=False),
+        "eagle3": dict(
+            num_layers=1, markov_rank=0, confidence_head=False, ttt_steps=block_size, draft_vocab_size=draft_vocab_size
+        ),
+    }[kind]
+    drafter = DrafterConfig(kind=kind, block_size=block_size, mask_token_id=mask_token_id, **settings)
+    return RecipeConfig(drafter=drafter, target=TargetConfig(layer_ids=LAYER_IDS[kind]))
+
+
+def random_drafter(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    kind: str,
+    seed: int = 0,
+    block_size: int = BLOCK,
+    draft_vocab_size: Optional[int] = None,
+) -> FixtureDrafter:
+    """A random-weight drafter of ``kind`` for the tiny target, heads filled from the target. An EAGLE-3 drafter
+    with ``draft_vocab_size`` keeps a random subset of that many target tokens as its draft vocabulary."""
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    cfg = drafter_recipe(kind, mask_id, block_size, draft_vocab_size)
+    torch.manual_seed(seed)
+    geometry = geometry_from_target_config(target.config, intermediate_size=48)
+    token_counts = torch.randperm(geometry.vocab_size) if kind == "eagle3" else None
+    module = build_drafter_for_geometry(cfg, geometry, token_counts)
+    embed = target.get_input_embeddings().weight.detach().float()
+    if isinstance(module, Eagle3Drafter):
+        module.load_target_embedding(embed)
+        with torch.no_grad():
+            head = target.get_output_embeddings().weight.detach()
+            module.lm_head.weight.copy_(head[module.draft_vocab.target_ids()])
+    else:
+        module.load_target_heads(embed, target.get_output_embeddings().weight.detach().float())
+        with torch.no_grad():
+            if module.markov_head is not None:
+                module.markov_head.markov_w2.weight.normal_(std=0.5)
+            if module.confidence_head is not None:
+                module.confidence_head.proj.bias.fill_(0.5)
+    return FixtureDrafter(
+        module=module.eval(),
+        kind=kind,
+        block_size=block_size,
+        target_layer_ids=LAYER_IDS[kind],
+        mask_token_id=mask_id,
+    )
