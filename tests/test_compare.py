@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +211,11 @@ def test_wandb_offline_run_gets_tables(runs: dict[str, Path], tmp_path: Path, mo
     images = {p.name.rsplit("_", 2)[0] for p in run_dirs[0].rglob("*.png")}
     assert images == {"conditional_acceptance_gsm8k", "conditional_acceptance_mt_bench", "tau_per_suite", "calibration"}
     assert list(run_dirs[0].rglob("gsm8k_table_*.table.json")), "no acceptance line plot for gsm8k"
-    # The group is recorded in the run's protobuf log; the command leaves the environment as it found it.
-    assert b"qwen3-8b" in next(run_dirs[0].glob("run-*.wandb")).read_bytes()
+    # The group is recorded in the run's protobuf log, which W&B's service process may still be flushing;
+    # the command leaves the environment as it found it.
+    log = next(run_dirs[0].glob("run-*.wandb"))
+    deadline = time.monotonic() + 30
+    while b"qwen3-8b" not in log.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert b"qwen3-8b" in log.read_bytes()
     assert "WANDB_RUN_GROUP" not in os.environ

@@ -185,5 +185,6 @@ def test_module_lists_every_reason():
         "unknown_role",
         "empty_assistant",
         "nothing_to_supervise",
+        "template_mismatch",
         "too_long",
     }

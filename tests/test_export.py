@@ -233,9 +233,15 @@ def test_eagle3_layer_id_conversion():
 
 def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
     cfg = tiny_recipe("eagle3", target_dir)
-    save_trained_drafter(trained_drafter(cfg), cfg, tmp_path / "run" / "drafter")
+    reduced = trained_drafter(cfg)
+    run_dir = tmp_path / "run" / "drafter"
+    save_trained_drafter(reduced, cfg, run_dir)
+    loaded_reduced = load_exported_drafter(run_dir)
+    assert torch.equal(loaded_reduced.module.d2t, reduced.d2t) and torch.equal(loaded_reduced.module.t2d, reduced.t2d)
+    weights = load_file(str(run_dir / "drafter.safetensors"))
+    save_file({k: v for k, v in weights.items() if k not in ("d2t", "t2d")}, str(run_dir / "drafter.safetensors"))
     with pytest.raises(ValueError, match="no d2t/t2d"):
-        load_exported_drafter(tmp_path / "run" / "drafter")
+        load_exported_drafter(run_dir)
     full = tiny_recipe("eagle3", target_dir, draft_vocab_size=None)
     drafter = trained_drafter(full)
     save_trained_drafter(drafter, full, tmp_path / "full" / "drafter")
