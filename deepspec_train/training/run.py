@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import save_file
 
 from deepspec_train.config.loader import config_to_dict, save_resolved
@@ -58,11 +59,6 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
 
 def run_training(cfg: RecipeConfig) -> Optional[TrainSummary]:
     """Train as this process's role; returns the summary on drafter ranks (None on target workers)."""
-    if cfg.train.distributed == "deepspeed":
-        raise SystemExit(
-            "error: train.distributed=deepspeed: the DeepSpeed ZeRO-2 engine path is not wired into the trainer "
-            "yet; use train.distributed=ddp (launch/deepspeed/zero2.json holds the intended configuration)"
-        )
     ctx = init_distributed(cfg.stream.timeout_s)
     torch.manual_seed(cfg.run.seed + ctx.rank)
     out_dir = Path(cfg.run.output_dir)
@@ -76,6 +72,9 @@ def run_training(cfg: RecipeConfig) -> Optional[TrainSummary]:
         return _train(cfg, ctx, out_dir)
     finally:
         shutdown(ctx)
+        if dist.is_initialized() and not ctx.distributed:
+            # The one-rank group a single-process DeepSpeed run set up for itself.
+            dist.destroy_process_group()
 
 
 def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:

@@ -3,6 +3,9 @@ periodic validation and checkpoints, per-position metrics.
 
 The trainer only sees a feature source (an iterator of per-step lists of ``PackedBatch``), a drafter module and
 the frozen target LM-head weight; it does not know whether features were computed in-process or streamed.
+``train.distributed`` picks how gradients meet: ``ddp`` (one flat all-reduce after local accumulation, torch
+clipping) or ``deepspeed`` (ZeRO-2 over the drafter ranks, see ``deepspeed_engine``); the optimizer, the LR
+curve and the checkpoint files are the same for both.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
@@ -23,7 +27,9 @@ from deepspec_train.logging_utils.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from deepspec_train.training.checkpoint import (
+    LocalTrainState, load_checkpoint, load_run_state, resolve_resume, save_checkpoint,
+)
 from deepspec_train.training.distributed import DistContext, all_reduce_gradients, all_reduce_sum
 from deepspec_train.training.drafter_step import drafter_loss
 from deepspec_train.training.lr_schedule import warmup_cosine
@@ -68,15 +74,48 @@ class DrafterTrainer:
         self.scheduler = warmup_cosine(self.optimizer, total_steps, cfg.train.warmup_frac)
         self.step = 0
         self.loss_history: list[float] = []
+        # The module keeps parameter names and weights; ``self.model`` is what forwards (DeepSpeed's engine, once
+        # ``_synchronise_replicas`` has built it).
+        self.module = model
+        self.deepspeed = None
+        self.train_state = LocalTrainState(model, self.optimizer)
         self._autocast = cfg.train.mixed_precision == "bf16" and ctx.device.type == "cuda"
+        self._padding_batch: Optional[PackedBatch] = None
 
-    def maybe_resume(self) -> None:
+    def _synchronise_replicas(self) -> None:
+        """The trainer's first collectives over the drafter ranks: rank 0's initial weights everywhere (ranks seed
+        differently, so their random inits differ), then the DeepSpeed engine when selected.
+
+        Runs once every rank holds its first step's micro-batches: a streamed drafter receives its plan only after
+        the drafters before it have started iterating, so a drafter-group collective any earlier would deadlock.
+        """
+        broadcast_parameters(self.params, self.ctx)
+        if self.cfg.train.distributed != "deepspeed":
+            return
+        from deepspec_train.training.deepspeed_engine import DeepSpeedDrafterEngine
+
+        self.deepspeed = DeepSpeedDrafterEngine(
+            self.cfg, self.module, self.optimizer, self.ctx, Path(self.cfg.run.output_dir)
+        )
+        # Forwards go through the engine: its hooks track each backward.
+        self.model = self.deepspeed.engine
+        self.train_state = self.deepspeed.train_state()
+        # DeepSpeed's bf16 runs a bf16 module with fp32 masters, so torch autocast stays off.
+        self._autocast = False
+
+    def _resume_position(self) -> Optional[tuple[Path, dict]]:
+        """Step, data position and RNG of the checkpoint to resume from (no collectives); None for a fresh run."""
         path = resolve_resume(self.cfg.train.resume, self.cfg.run.output_dir)
         if path is None:
-            return
-        state = load_checkpoint(self.ctx, path, self.model, self.optimizer, self.scheduler)
+            return None
+        state = load_run_state(self.ctx, path)
         self.step = int(state["step"])
         self.train_source.load_state_dict(state["data"])
+        return path, state
+
+    def _restore(self, path: Path, state: dict) -> None:
+        """Weights, optimizer and scheduler of the checkpoint (after ``_synchronise_replicas``)."""
+        load_checkpoint(self.ctx, path, self.module, self.train_state, self.scheduler, state)
         log.info("resumed from %s at step %d", path, self.step)
 
     def _accumulate(self, micro_batches: list[PackedBatch], stats: PositionStats) -> tuple[float, dict[str, float]]:
@@ -84,40 +123,79 @@ class DrafterTrainer:
         local_supervised = float(sum(b.num_supervised for b in micro_batches))
         normalizer = max(all_reduce_sum(local_supervised, self.ctx), 1.0)
         total = {"loss": 0.0, "ce": 0.0, "tv": 0.0, "conf": 0.0}
-        for batch in micro_batches:
-            if batch.num_supervised == 0:
-                continue
+        active = [b for b in micro_batches if b.num_supervised > 0]
+        padding = self.deepspeed.plan_step(len(active)) if self.deepspeed is not None else 0
+        if self.deepspeed is not None:
+            # Backward calls spent on padding: the cost of uneven micro-batch counts across drafter ranks.
+            total["padding_calls"] = float(padding)
+        for batch in active:
             with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self._autocast):
                 result = drafter_loss(self.model, batch, self.cfg, self.target_head_weight, normalizer, self.attention)
-            result.loss.loss.backward()
+            self._backward(result.loss.loss)
             out = result.loss
             total["loss"] += float(out.loss.detach())
             total["ce"] += float(out.ce_sum) / normalizer
             total["tv"] += float(out.tv_sum) / normalizer
             total["conf"] += float(out.conf_sum) / normalizer
             stats.update(result.slot_index, out.c_star, out.draft_correct, out.conf_prob)
+        if active and self.deepspeed is not None:
+            # Kept for padding calls of later steps on which this rank may have no micro-batch of its own.
+            self._padding_batch = batch
+        for _ in range(padding):
+            self._padding_backward(micro_batches)
         for key in total:
             total[key] = all_reduce_sum(total[key], self.ctx)
         return total["loss"], {f"train/{k}": v for k, v in total.items()} | {"train/supervised_tokens": normalizer}
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        if self.deepspeed is not None:
+            self.deepspeed.backward(loss)
+        else:
+            loss.backward()
+
+    def _padding_backward(self, micro_batches: list[PackedBatch]) -> None:
+        """One DeepSpeed backward that changes nothing: a real forward with the loss times zero, so ZeRO-2's
+        gradient hooks fire exactly as on the ranks that still have data (see ``deepspeed_engine``)."""
+        batch = self._padding_batch
+        if batch is None:
+            if not micro_batches:
+                raise RuntimeError("drafter rank got no micro-batch in its first step: nothing to pad ZeRO-2 with")
+            batch = micro_batches[0]
+        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self._autocast):
+            result = drafter_loss(self.model, batch, self.cfg, self.target_head_weight, 1.0, self.attention)
+        self._backward(result.loss.loss * 0.0)
+
+    def _update(self) -> float:
+        """Synchronise, clip and apply the accumulated gradients; returns the pre-clip gradient norm."""
+        if self.deepspeed is not None:
+            grad_norm = self.deepspeed.step()
+        else:
+            all_reduce_gradients(self.params, self.ctx)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip))
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return grad_norm
+
     def fit(self) -> TrainSummary:
-        self.maybe_resume()
+        resume = self._resume_position()
+        iterator: Iterator[list[PackedBatch]] = iter(self.train_source)
+        pending = next(iterator) if self.step < self.total_steps else None
+        self._synchronise_replicas()
+        if resume is not None:
+            self._restore(*resume)
         cfg = self.cfg
         progress = TrainProgress(self.total_steps, enabled=self.ctx.is_main and cfg.logging.progress, initial_step=self.step)
         stats = PositionStats(cfg.drafter.block_size, device=self.ctx.device)
-        iterator: Iterator[list[PackedBatch]] = iter(self.train_source)
         start = time.time()
         window_start, window_samples, window_tokens = time.time(), 0, 0.0
         val_metrics: dict[str, float] = {}
         self.model.train()
         while self.step < self.total_steps:
-            micro_batches = next(iterator)
+            micro_batches = pending if pending is not None else next(iterator)
+            pending = None
             loss, parts = self._accumulate(micro_batches, stats)
-            all_reduce_gradients(self.params, self.ctx)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.train.grad_clip))
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            grad_norm = self._update()
             self.step += 1
             self.loss_history.append(loss)
             window_samples += cfg.train.global_batch_sequences
@@ -144,12 +222,14 @@ class DrafterTrainer:
             stopping = cfg.train.stop_at_step is not None and self.step >= cfg.train.stop_at_step
             if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping:
                 save_checkpoint(
-                    self.ctx, cfg.run.output_dir, self.step, self.model, self.optimizer, self.scheduler,
+                    self.ctx, cfg.run.output_dir, self.step, self.train_state, self.scheduler,
                     self.train_source.state_dict(), cfg.train.keep_last,
                 )
             if stopping:
                 break
         progress.close()
+        if self.deepspeed is not None:
+            self.deepspeed.restore_fp32_module()
         final = self.loss_history[-1] if self.loss_history else math.nan
         return TrainSummary(self.step, final, val_metrics, time.time() - start)
 
@@ -206,6 +286,16 @@ class DrafterTrainer:
             metrics["val/conf_ece"] = float(ece(probs, c_star, n_bins=10))
             metrics["val/conf_auroc"] = float(auroc_soft(probs, c_star))
         return metrics
+
+
+def broadcast_parameters(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
+    """Copy drafter rank 0's values of ``params`` to every drafter rank, in place, one tensor at a time (no
+    flat copy of the whole drafter)."""
+    if not ctx.distributed:
+        return
+    with torch.no_grad():
+        for p in params:
+            dist.broadcast(p.data, group=ctx.drafter_group, group_src=0)
 
 
 def _format_val(step: int, metrics: dict[str, float]) -> str:
