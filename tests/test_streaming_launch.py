@@ -14,7 +14,7 @@ import pytest
 
 from deepspec_train.config.loader import load_recipe
 from deepspec_train.training.run import run_training
-from tests.test_streaming_support import REPO, free_port, recipe_overrides, step_losses, streaming_world
+from tests.test_streaming_support import REPO, free_port, recipe_overrides, run_ranks, step_losses, streaming_world
 
 __all__ = ["streaming_world"]
 
@@ -43,3 +43,14 @@ def test_accelerate_launch_one_target_one_drafter(streaming_world, tmp_path) -> 
     stream = [r for r in records if "stream/target_wait_frac" in r]
     assert len(stream) == 4
     assert all(0.0 <= r["stream/target_wait_frac"] <= 1.0 and r["stream/wire_bytes_per_supervised_token"] > 0 for r in stream)
+
+
+def test_one_target_two_drafters_train_through_validation(streaming_world, tmp_path) -> None:
+    """Regression: with two drafters, validation payloads used to be interleaved with the next drafter's training
+    message, and the blocking sends deadlocked against the drafters' gradient all-reduce."""
+    out = tmp_path / "streamed"
+    args = recipe_overrides(streaming_world, out, **{"topology.target_workers": 1, "train.eval_every": 2})
+    run_ranks(args, world_size=3, log_dir=tmp_path / "logs", timeout=240)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert sorted(step_losses(out)) == [1, 2, 3, 4]
+    assert [r["step"] for r in records if "val/loss" in r] == [2, 4]

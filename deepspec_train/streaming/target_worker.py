@@ -114,15 +114,18 @@ def run_target_loop(feeds: Sequence[DrafterFeed], plan: StreamPlan, topology: To
     first = min(starts.values(), default=plan.last_step)
     for step in range(first, plan.last_step):
         epoch, step_in_epoch = divmod(step, plan.steps_per_epoch)
-        for feed in feeds:
-            if step < starts[feed.route.drafter] or not feed.route.carries(step):
-                continue
-            dst = topology.drafter_rank(feed.route.drafter)
+        served = [f for f in feeds if step >= starts[f.route.drafter] and f.route.carries(step)]
+        for feed in served:
             indices = feed.train.step_sample_indices(epoch, step_in_epoch)
             batches = feed.train.batches_for(indices, epoch)
-            sender.put(dst, StreamMessage(KIND_TRAIN, step, epoch, step_in_epoch, batches))
-            if plan.validates_after(step) and feed.validation is not None:
-                val_batches = feed.validation.batches_for(feed.validation_rows, epoch=0)
-                sender.put(dst, StreamMessage(KIND_VALIDATION, step, 0, 0, val_batches))
+            sender.put(topology.drafter_rank(feed.route.drafter), StreamMessage(KIND_TRAIN, step, epoch, step_in_epoch, batches))
+        # Validation goes out only after every served drafter has its training message: a drafter reads its
+        # validation payload after the step's gradient all-reduce, which needs all drafters to have trained, and
+        # sends are blocking, so interleaving (train d0, val d0, train d1) would deadlock with two drafters.
+        if plan.validates_after(step):
+            for feed in served:
+                if feed.validation is not None:
+                    val_batches = feed.validation.batches_for(feed.validation_rows, epoch=0)
+                    sender.put(topology.drafter_rank(feed.route.drafter), StreamMessage(KIND_VALIDATION, step, 0, 0, val_batches))
     sender.close()
     return sender.bytes_sent
