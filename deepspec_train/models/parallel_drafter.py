@@ -215,7 +215,10 @@ class ParallelDrafter(nn.Module):
         """Confidence logit ``[...]`` from slot states ``[..., d]`` and Markov rows ``[..., r]``."""
         if self.confidence_head is None:
             raise RuntimeError("this drafter has no confidence head")
-        features = hidden if rows is None else torch.cat([hidden, rows.to(hidden.dtype)], dim=-1)
+        # The head reads the drafting features without training them: with the BCE gradient flowing back into the
+        # backbone and the Markov rows, tiny-world DSpark's validation E[L] fell from 2.76 to 2.54 (300 steps),
+        # no better than DFlash's 2.54; detached, drafting quality is untouched and the head still learns.
+        features = hidden.detach() if rows is None else torch.cat([hidden.detach(), rows.detach().to(hidden.dtype)], dim=-1)
         return self.confidence_head.proj(features).squeeze(-1)
 
     def forward(
