@@ -1,13 +1,13 @@
 """Step-time overhead of DSpark's Markov and confidence heads over DFlash with the same backbone.
 
-Both drafters run the same training step (packed forward, chunked selected-logit loss, backward, AdamW) on the
-same synthetic packed micro-batch, interleaved in one process so that machine noise hits both alike; the
-script prints the median step times and their ratio (goal: DSpark / DFlash <= 1.05).
+Both drafters run the same training step (packed forward, chunked selected-logit loss, backward, the trainer's
+fused AdamW) on the same synthetic packed micro-batch, interleaved in one process so that machine noise hits both
+alike; the script prints the median step times and their ratio (goal: DSpark / DFlash <= 1.05).
 
     python bench/head_overhead.py                       # tiny-world recipe shapes
     python bench/head_overhead.py --shape qwen3-8b-slim  # Qwen3-8B vocabulary and head ratio, fewer layers
 
-Shapes: ``tiny`` is the tiny-world recipe (d 256, V 4096, r 64, 2 layers). ``qwen3-8b-slim`` keeps what
+Shapes: ``tiny`` is the tiny-world recipe (d 128, V 4096, r 32, 2 layers). ``qwen3-8b-slim`` keeps what
 decides the heads' share of the step at Qwen3-8B scale -- V = 151,936 and r / d = 256 / 4096 -- at d = 1024
 (r = 64) and 2 layers so that it fits a 2-core CPU; on a GPU use ``--shape qwen3-8b`` (d 4096, 5 layers, r 256).
 """
@@ -28,6 +28,7 @@ from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.training.drafter_step import drafter_loss
+from deepspec_train.training.trainer import drafter_optimizer
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Shape:
 
 
 SHAPES = {
-    "tiny": Shape(256, 4, 2, 64, 704, 4096, 2, 64, 2, 8, 512, 32),
+    "tiny": Shape(128, 2, 1, 64, 384, 4096, 2, 32, 2, 8, 512, 32),
     "qwen3-8b-slim": Shape(1024, 8, 2, 128, 3072, 151936, 2, 64, 5, 2, 512, 32),
     "qwen3-8b": Shape(4096, 32, 8, 128, 12288, 151936, 5, 256, 5, 4, 2048, 128),
 }
@@ -101,7 +102,7 @@ def time_steps(kinds: list[str], shape: Shape, block: int, steps: int, device: t
     for kind in kinds:
         drafter, cfg = make_drafter(kind, shape, block, device)
         params = [p for p in drafter.parameters() if p.requires_grad]
-        runs[kind] = (drafter, cfg, torch.optim.AdamW(params, lr=1e-4), [])
+        runs[kind] = (drafter, cfg, drafter_optimizer(params, cfg), [])
     attention = "flex" if device.type == "cuda" else "sdpa"
     for step in range(steps + 1):
         for kind in kinds:

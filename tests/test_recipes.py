@@ -34,6 +34,12 @@ def test_overrides_apply_and_coerce() -> None:
     assert isinstance(cfg.loss.alpha_tv, float)
 
 
+@pytest.mark.parametrize("raw, expected", [("3e-4", 3e-4), ("1E-3", 1e-3), ("-2.5e+1", -25.0), (".5e2", 50.0)])
+def test_float_overrides_in_exponent_form(raw: str, expected: float) -> None:
+    # YAML 1.1 reads '3e-4' as a string; a float field takes it as the number Python reads.
+    assert load_recipe("tiny-dspark", [f"train.lr={raw}"]).train.lr == expected
+
+
 def test_base_inheritance() -> None:
     dflash = load_recipe("tiny-dflash")
     dspark = load_recipe("tiny-dspark")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -111,6 +112,9 @@ def parse_overrides(overrides: list[str]) -> dict:
     return nested
 
 
+_FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
@@ -141,6 +145,9 @@ def _coerce(value: Any, tp: Any, key: str, source: str) -> Any:
             raise ConfigError(f"{source}: '{key}' must be a list, got {type(value).__name__} {value!r}")
         return [_coerce(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value)] if args else value
     if tp is float:
+        if isinstance(value, str) and _FLOAT_LITERAL.fullmatch(value.strip()):
+            # PyYAML follows YAML 1.1, which reads '3e-4' (no dot) as a string; Python and YAML 1.2 read a number.
+            return float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{source}: '{key}' must be a number, got {type(value).__name__} {value!r}")
         return float(value)

@@ -253,7 +253,8 @@ def _chunk_terms(
 
     logits = (h @ draft_head_weight.T).to(coeffs.compute_dtype)
     if markov_rows is not None:
-        logits.add_(markov_rows @ markov_w2.T)
+        # Accumulate the bias inside the GEMM (beta = 1): no [C, V] temporary and no separate add pass.
+        logits.addmm_(markov_rows.to(logits.dtype), markov_w2.T.to(logits.dtype))
     draft_argmax = logits.argmax(dim=-1)
     draft_token = draft_argmax if draft_to_target is None else draft_to_target[draft_argmax]
     logits.div_(t)

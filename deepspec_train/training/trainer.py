@@ -37,6 +37,15 @@ from deepspec_train.training.lr_schedule import warmup_cosine
 log = get_logger("deepspec_train.trainer")
 
 
+def drafter_optimizer(params: list[nn.Parameter], cfg: RecipeConfig) -> torch.optim.AdamW:
+    """The drafter's AdamW. The fused kernel (one pass over every tensor, CPU and CUDA) is ~8x faster than the
+    per-tensor loop on CPU: it keeps the optimizer step of DSpark's vocabulary-sized Markov factors from adding
+    to the step time (``bench/head_overhead.py``). Its state dict is the plain AdamW one."""
+    return torch.optim.AdamW(
+        params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.95), fused=True
+    )
+
+
 @dataclass
 class TrainSummary:
     steps: int
@@ -68,9 +77,7 @@ class DrafterTrainer:
         self.total_steps = total_steps
         self.attention = attention
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            self.params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=(0.9, 0.95)
-        )
+        self.optimizer = drafter_optimizer(self.params, cfg)
         self.scheduler = warmup_cosine(self.optimizer, total_steps, cfg.train.warmup_frac)
         self.step = 0
         self.loss_history: list[float] = []

@@ -4,7 +4,7 @@
 #   evaluate on held-out validation prompts and calibrate the confidence head (sequential temperature scaling) ->
 #   export in the serving layouts -> evaluate the exports on the built-in code / prose / math suites with exact
 #   speculative decoding -> print the comparison table and write the plots.
-# Environment knobs: TINYWORLD=DIR (default artifacts/tinyworld), STEPS=N (drafter steps, default 200),
+# Environment knobs: TINYWORLD=DIR (default artifacts/tinyworld), STEPS=N (drafter steps, default 600, the recipes'),
 # PROMPTS=N (prompts per suite, default 8), NEW_TOKENS=N (per answer, default 64), RUNS=DIR (default runs/demo).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,7 +12,7 @@ bash launch/quickstart/setup_env.sh
 . .venv/bin/activate
 export WANDB_MODE=${WANDB_MODE:-offline} WANDB_SILENT=true TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
 TINYWORLD=${TINYWORLD:-artifacts/tinyworld}
-STEPS=${STEPS:-200}
+STEPS=${STEPS:-600}
 PROMPTS=${PROMPTS:-8}
 NEW_TOKENS=${NEW_TOKENS:-64}
 RUNS=${RUNS:-runs/demo}
