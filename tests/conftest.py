@@ -1,4 +1,5 @@
-"""Shared fixtures: the session's tiny world (built once with the `test` preset) and the `gpu` skip rule.
+"""Shared fixtures: the session's tiny world (built once with the `test` preset), one torch thread for the
+modules that decode with tiny models, and the `gpu` skip rule.
 
 Set DEEPSPEC_TINYWORLD_DIR to a tiny world built earlier (`deepspec tinyworld build --preset test --out DIR`)
 to skip the build while iterating locally; CI always builds a fresh one.
@@ -25,6 +26,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tests: tiny models decode in thousands of small ops, where a second
+    thread only adds hand-offs, and on a busy 2-core CI machine it makes generation an order of magnitude slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

@@ -26,13 +26,7 @@ TRACE_FIELDS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    # Decoding runs thousands of tiny ops: thread hand-offs cost more than they save on a shared 2-core box.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

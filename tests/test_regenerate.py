@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-import torch
 
 from deepspec_train.config.schema import RegenerateConfig
 from deepspec_train.regenerate import cli
@@ -52,14 +51,7 @@ PROMPT_ROWS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    # The tiny model's matrices are a few dozen wide: a second intra-op thread only adds synchronisation, and on a
-    # busy 2-core CI machine it makes generation an order of magnitude slower.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

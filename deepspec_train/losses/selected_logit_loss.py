@@ -177,6 +177,8 @@ def _run_chunks(
     draft_label, label_in_draft = _labels_in_draft_vocab(labels, draft_to_target, target_head_weight.shape[0])
     need_logit_grad = any(wanted[name] for name in _DIFFERENTIABLE if name != "conf_logits")
     grads = _gradient_buffers(wanted, draft_hidden, draft_head_weight, markov_rows, markov_w2, conf_logits)
+    # The Markov bias is accumulated into compute-dtype logits: cast W2 once, not once per chunk.
+    markov_w2_compute = None if markov_w2 is None else markov_w2.to(coeffs.compute_dtype)
 
     def per_row(dtype: torch.dtype = coeffs.compute_dtype) -> torch.Tensor:
         return torch.zeros(num_rows, dtype=dtype, device=device)
@@ -191,7 +193,7 @@ def _run_chunks(
         m = None if markov_rows is None else markov_rows[rows]
         chunk = _chunk_terms(
             h, draft_head_weight, target_hidden[rows], target_head_weight, labels[rows], draft_label[rows],
-            label_in_draft[rows], row_coef[rows], m, markov_w2, draft_to_target, coeffs, need_logit_grad,
+            label_in_draft[rows], row_coef[rows], m, markov_w2_compute, draft_to_target, coeffs, need_logit_grad,
         )
         ce[rows], tv[rows], c_star[rows] = chunk["ce"], chunk["tv"], chunk["c_star"]
         draft_correct[rows], target_correct[rows] = chunk["draft_correct"], chunk["target_correct"]
@@ -239,7 +241,8 @@ def _chunk_terms(
     coeffs: _Coefficients,
     need_logit_grad: bool,
 ) -> dict[str, torch.Tensor]:
-    """Per-row CE, TV, c* and argmax hits for one chunk, plus d loss / d draft logits when asked.
+    """Per-row CE, TV, c* and argmax hits for one chunk, plus d loss / d draft logits when asked
+    (``markov_w2`` comes already cast to the compute dtype).
 
     Works in place on a handful of ``[C, V]`` fp32 buffers: those are the whole memory cost of the loss.
     """
@@ -254,7 +257,7 @@ def _chunk_terms(
     logits = (h @ draft_head_weight.T).to(coeffs.compute_dtype)
     if markov_rows is not None:
         # Accumulate the bias inside the GEMM (beta = 1): no [C, V] temporary and no separate add pass.
-        logits.addmm_(markov_rows.to(logits.dtype), markov_w2.T.to(logits.dtype))
+        logits.addmm_(markov_rows.to(logits.dtype), markov_w2.T)
     draft_argmax = logits.argmax(dim=-1)
     draft_token = draft_argmax if draft_to_target is None else draft_to_target[draft_argmax]
     logits.div_(t)
