@@ -27,7 +27,7 @@ from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
-from deepspec_train.training.drafter_step import drafter_loss
+from deepspec_train.training.batch_loss import batch_loss
 from deepspec_train.training.trainer import drafter_optimizer
 
 
@@ -110,7 +110,7 @@ def time_steps(kinds: list[str], shape: Shape, block: int, steps: int, device: t
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            result = drafter_loss(drafter, batch, cfg, drafter.lm_head.weight, float(batch.num_supervised), attention)
+            result = batch_loss(drafter, batch, cfg, drafter.lm_head.weight, float(batch.num_supervised), attention)
             result.loss.loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

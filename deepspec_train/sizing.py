@@ -23,6 +23,7 @@ from typing import Any, Optional
 import torch
 
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.packing.packer import plan_micro_batches
 
@@ -55,7 +56,8 @@ def nominal_anchors(seq_len: int, anchors: int) -> list[int]:
 
 
 def supervised_slots(anchor: int, seq_len: int, block_size: int, labels: str = "dspark") -> int:
-    """Supervised slots of the block at ``anchor`` in a fully supervised sequence (DESIGN.md's conventions)."""
+    """Supervised slots of the block at ``anchor`` in a fully supervised sequence: DSpark labels supervise slots
+    ``0..B-1`` (slot k predicts ``x_{a+k+1}``), z-lab labels slots ``1..B-1``, each only up to the last token."""
     if labels == "dspark":
         return min(block_size, seq_len - 1 - anchor)
     return min(block_size - 1, seq_len - 1 - anchor)
@@ -143,42 +145,12 @@ def target_flops_per_sequence(hf_config: Any, seq_len: int) -> float:
 
 
 def drafter_flops_per_sequence(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: int, anchors: int) -> float:
-    """Forward + backward FLOPs of one drafter step's work for one nominal sequence.
-
-    Parallel drafters (DSpark / DFlash): every block slot goes through the backbone layers; every context row
-    through ``fc`` and each layer's k/v projections; each slot attends to the context before its anchor and to
-    its block. EAGLE-3 projects context entries with ``fc`` and its layer's k/v, and runs its layer once per
-    block slot (the training-time-test steps are the slots).
-    At each supervised slot: the drafter LM head (forward + input gradient; frozen, or trainable on the draft
-    vocabulary for EAGLE-3), the target LM head (forward), and the Markov head's ``W2`` (trainable).
-    """
-    d, hd, block = geometry.hidden_size, geometry.head_dim, cfg.drafter.block_size
-    q, kv = geometry.num_attention_heads * hd, geometry.num_key_value_heads * hd
+    """Forward + backward FLOPs of one drafter step's work for one nominal sequence (the kind's cost model in
+    ``kinds``: layer passes, context projections, attention pairs and the heads at supervised slots)."""
     anchor_list = nominal_anchors(seq_len, anchors)
-    slots = len(anchor_list) * block
+    block = cfg.drafter.block_size
     supervised = sum(supervised_slots(a, seq_len, block, cfg.drafter.labels) for a in anchor_list)
-    context_rows = max(anchor_list)
-    layers = cfg.drafter.num_layers
-    taps = len(cfg.target.layer_ids)
-    mlp = 3 * d * geometry.intermediate_size
-    vocab = geometry.vocab_size
-    if cfg.drafter.kind == "eagle3":
-        # One layer on a 2d-wide input; context entries only need fc and their keys / values.
-        layer = 2 * d * (q + 2 * kv) + q * d + mlp
-        context_projection = taps * d * d + layers * 2 * (2 * d) * kv
-        # Slot k of the block at a sees a context entries and slots 0..k.
-        visible = sum(block * a + block * (block - 1) // 2 for a in anchor_list)
-        draft_vocab = cfg.drafter.draft_vocab_size or vocab
-        heads = supervised * (3 * 2 * d * draft_vocab + 2 * d * vocab)
-    else:
-        layer = d * (q + 2 * kv) + q * d + mlp
-        context_projection = taps * d * d + layers * 2 * d * kv
-        # Every slot of the block at a sees the a context rows before it and the whole block.
-        visible = sum((a + block) * block for a in anchor_list)
-        heads = supervised * (3 * 2 * d * vocab + 3 * 2 * cfg.drafter.markov_rank * vocab)
-    linear = 2 * (layer * layers * slots + context_projection * context_rows)
-    attention = 4 * geometry.num_attention_heads * hd * visible * layers
-    return 3 * (linear + attention) + heads
+    return kind_spec(cfg.drafter.kind).flops_per_sequence(cfg, geometry, anchor_list, supervised)
 
 
 @dataclass(frozen=True)

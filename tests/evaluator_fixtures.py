@@ -8,15 +8,14 @@ enough for the exactness tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
-from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.export.loader import LoadedDrafter
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.factory import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
@@ -24,19 +23,6 @@ from tests.tiny_random_model import save_tiny_chat_model
 
 BLOCK = 4
 LAYER_IDS = {"dspark": [0], "dflash": [0], "eagle3": [0, 0, 0]}
-
-
-@dataclass
-class FixtureDrafter:
-    """The fields of the exported-drafter loader's result that the evaluator reads."""
-
-    module: nn.Module
-    kind: str
-    block_size: int
-    target_layer_ids: list[int]
-    mask_token_id: int
-    confidence_temperatures: Optional[list[float]] = None
-    labels: str = "dspark"
 
 
 def load_tiny_target(directory: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -67,7 +53,7 @@ def random_drafter(
     seed: int = 0,
     block_size: int = BLOCK,
     draft_vocab_size: Optional[int] = None,
-) -> FixtureDrafter:
+) -> LoadedDrafter:
     """A random-weight drafter of ``kind`` for the tiny target, heads filled from the target. An EAGLE-3 drafter
     with ``draft_vocab_size`` keeps a random subset of that many target tokens as its draft vocabulary."""
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
@@ -89,10 +75,13 @@ def random_drafter(
                 module.markov_head.markov_w2.weight.normal_(std=0.5)
             if module.confidence_head is not None:
                 module.confidence_head.proj.bias.fill_(0.5)
-    return FixtureDrafter(
+    return LoadedDrafter(
         module=module.eval(),
         kind=kind,
         block_size=block_size,
         target_layer_ids=LAYER_IDS[kind],
         mask_token_id=mask_id,
+        confidence_temperatures=None,
+        labels="dspark",
+        source="training",
     )

@@ -28,7 +28,7 @@ from deepspec_train.config.loader import load_recipe
 from deepspec_train.training import deepspeed_engine
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.deepspeed_engine import resolve_deepspeed_config
-from deepspec_train.training.run import run_training
+from deepspec_train.jobs.run import run_training
 from tests.test_streaming_support import (
     REPO, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, streaming_world, wait_all,
 )

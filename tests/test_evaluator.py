@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from deepspec_train.cli import main as deepspec_main
-from deepspec_train.evaluation.drafting import DraftBlock, DraftContext, block_drafter_for
+from deepspec_train.evaluation.drafting import DraftBlock, DraftContext
 from deepspec_train.evaluation.report import ConversationStats, build_results, conditional_acceptance
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import load_suite
 from deepspec_train.target.hidden_states import TargetTap
-from deepspec_train.training.run import save_trained_drafter
+from deepspec_train.formats.trained_drafter import write_trained_drafter
 from tests.evaluator_fixtures import BLOCK, drafter_recipe, load_tiny_target, random_drafter
 
 MAX_NEW = 20
@@ -52,7 +52,7 @@ def _plain_greedy(model, ids: list[int], max_new: int) -> list[int]:
 def test_greedy_speculative_equals_plain_greedy(target, kind):
     model, tokenizer, _ = target
     loaded = random_drafter(model, tokenizer, kind)
-    decoder = SpeculativeDecoder(model, tokenizer, block_drafter_for(loaded), loaded.target_layer_ids, BLOCK, 0.0)
+    decoder = SpeculativeDecoder(model, tokenizer, loaded.block_drafter(), loaded.target_layer_ids, BLOCK, 0.0)
     (turn,), _ = decoder.decode_conversation(["What is two plus three?"], MAX_NEW)
     assert turn.tokens == _plain_greedy(model, _prompt_ids(tokenizer, "What is two plus three?"), MAX_NEW)
     assert sum(r.emitted for r in turn.rounds) / len(turn.rounds) >= 1.0
@@ -106,7 +106,7 @@ def test_partial_acceptance_keeps_cache_and_features_exact(target):
 def test_second_turn_continues_on_the_same_cache(target):
     model, tokenizer, _ = target
     loaded = random_drafter(model, tokenizer, "dspark")
-    decoder = SpeculativeDecoder(model, tokenizer, block_drafter_for(loaded), [0], BLOCK, 0.0)
+    decoder = SpeculativeDecoder(model, tokenizer, loaded.block_drafter(), [0], BLOCK, 0.0)
     turns, session = decoder.decode_conversation(["Hello!", "And then?"], 12)
     assert [r.turn for r in turns[1].rounds] == [1] * len(turns[1].rounds)
     before_answer = session.tokens[: len(session.tokens) - len(turns[1].tokens)]
@@ -126,7 +126,7 @@ def test_sampled_decoding_is_reproducible_and_reports_confidences(target):
     runs = []
     for _ in range(2):
         decoder = SpeculativeDecoder(
-            model, tokenizer, block_drafter_for(loaded), [0], BLOCK, 1.0,
+            model, tokenizer, loaded.block_drafter(), [0], BLOCK, 1.0,
             generator=torch.Generator().manual_seed(7), confidence_temperatures=loaded.confidence_temperatures,
         )
         (turn,), _ = decoder.decode_conversation(["Hello!"], 10)
@@ -201,7 +201,7 @@ def test_eval_cli_writes_results_and_traces(target, tmp_path):
     loaded = random_drafter(model, tokenizer, "dspark")
     cfg = drafter_recipe("dspark", loaded.mask_token_id)
     cfg.target.path = str(target_dir)
-    save_trained_drafter(loaded.module, cfg, tmp_path / "run" / "drafter")
+    write_trained_drafter(loaded.module, cfg, tmp_path / "run" / "drafter")
     suite = tmp_path / "mini.jsonl"
     prompts = [
         {"id": "p1", "category": "chat", "turns": ["Hello!", "More?"]},

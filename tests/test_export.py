@@ -29,7 +29,7 @@ from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.target.head_weights import load_head_weights
-from deepspec_train.training.run import save_trained_drafter
+from deepspec_train.formats.trained_drafter import write_trained_drafter
 from tests.drafter_fixtures import random_loss_mask
 
 VOCAB, MASK_ID, HIDDEN, BLOCK, TARGET_LAYERS = 97, 96, 32, 4, 4
@@ -56,7 +56,7 @@ def tiny_recipe(kind: str, target_path: str, labels: str = "dspark", **drafter) 
     elif kind == "dflash":
         base.update(markov_rank=0, confidence_head=False)
     else:
-        base.update(num_layers=1, ttt_steps=BLOCK, draft_vocab_size=40)
+        base.update(num_layers=1, ttt_steps=BLOCK, draft_vocab_size=40, markov_rank=0, confidence_head=False)
     base.update(drafter)
     return RecipeConfig(
         drafter=DrafterConfig(**base), target=TargetConfig(path=target_path, layer_ids=list(LAYER_IDS[kind]))
@@ -86,7 +86,7 @@ def trained_drafter(cfg: RecipeConfig, seed: int = 0) -> torch.nn.Module:
 def write_training_output(drafter: torch.nn.Module, cfg: RecipeConfig, run_dir: Path) -> Path:
     """``<run>/drafter`` as training writes it; EAGLE-3 also keeps its draft-vocabulary maps there."""
     out = run_dir / "drafter"
-    save_trained_drafter(drafter, cfg, out)
+    write_trained_drafter(drafter, cfg, out)
     if isinstance(drafter, Eagle3Drafter):
         state = load_file(str(out / "drafter.safetensors"))
         state.update(d2t=drafter.d2t.clone(), t2d=drafter.t2d.clone())
@@ -235,7 +235,7 @@ def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
     cfg = tiny_recipe("eagle3", target_dir)
     reduced = trained_drafter(cfg)
     run_dir = tmp_path / "run" / "drafter"
-    save_trained_drafter(reduced, cfg, run_dir)
+    write_trained_drafter(reduced, cfg, run_dir)
     loaded_reduced = load_exported_drafter(run_dir)
     assert torch.equal(loaded_reduced.module.d2t, reduced.d2t) and torch.equal(loaded_reduced.module.t2d, reduced.t2d)
     weights = load_file(str(run_dir / "drafter.safetensors"))
@@ -244,7 +244,7 @@ def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
         load_exported_drafter(run_dir)
     full = tiny_recipe("eagle3", target_dir, draft_vocab_size=None)
     drafter = trained_drafter(full)
-    save_trained_drafter(drafter, full, tmp_path / "full" / "drafter")
+    write_trained_drafter(drafter, full, tmp_path / "full" / "drafter")
     loaded = load_exported_drafter(tmp_path / "full" / "drafter")
     batch = random_batch("eagle3", 0)
     assert torch.equal(drafter_outputs(drafter, batch)["logits"], drafter_outputs(loaded.module, batch)["logits"])
@@ -253,10 +253,10 @@ def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
 @pytest.mark.parametrize(
     "kind,labels,layout,message",
     [
-        ("dflash", "zlab", "dspark", "z-lab-label DFlash exports as zlab-dflash"),
-        ("dflash", "dspark", "zlab-dflash", "drafter.labels=zlab"),
-        ("dspark", "dspark", "zlab-dflash", "drafter.labels=zlab"),
-        ("dspark", "dspark", "eagle3", "needs an eagle3 drafter"),
+        ("dflash", "zlab", "dspark", "with zlab labels exports only as zlab-dflash, not dspark"),
+        ("dflash", "dspark", "zlab-dflash", "dflash drafter trained with dspark labels exports only as dspark, not zlab"),
+        ("dspark", "dspark", "zlab-dflash", "dspark drafter trained with dspark labels exports only as dspark, not zlab"),
+        ("dspark", "dspark", "eagle3", "exports only as dspark, not eagle3"),
     ],
 )
 def test_exporter_refuses_mismatched_label_convention(tmp_path, target_dir, kind, labels, layout, message):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from deepspec_train.evaluation.drafting import BlockDrafter, DraftBlock, DraftContext, block_drafter_for
+from deepspec_train.evaluation.drafting import BlockDrafter, DraftBlock, DraftContext
 from deepspec_train.evaluation.speculative_decoder import verify_drafts
 from deepspec_train.target.hidden_states import TargetTap
 from tests.evaluator_fixtures import load_tiny_target, random_drafter
@@ -120,7 +120,7 @@ def test_first_two_tokens_follow_the_target(target, kind, temperature):
     model, tokenizer = target
     loaded = _flattened_drafter(model, tokenizer, kind)
     ids = _prompt_ids(tokenizer)
-    y1, y2, accepted = _first_two_tokens(model, block_drafter_for(loaded), loaded.target_layer_ids, ids, temperature)
+    y1, y2, accepted = _first_two_tokens(model, loaded.block_drafter(), loaded.target_layer_ids, ids, temperature)
     # Both branches of the first round must be well exercised for the test to mean anything.
     rate = float((accepted > 0).double().mean())
     assert 0.05 < rate < 0.95

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from deepspec_train.config.loader import load_recipe
-from deepspec_train.training.run import run_training
+from deepspec_train.jobs.run import run_training
 from tests.test_streaming_support import REPO, free_port, recipe_overrides, run_ranks, step_losses, streaming_world
 
 __all__ = ["streaming_world"]

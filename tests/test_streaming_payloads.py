@@ -39,7 +39,7 @@ def _dump(batches: list[PackedBatch], out: Path, name: str) -> None:
 def _worker(world_file: str, out: str, targets: int) -> None:
     """One rank of a payload-dumping world (run as ``python -m tests.test_streaming_payloads``)."""
     from deepspec_train.streaming.roles import Topology
-    from deepspec_train.streaming.streamed_run import run_target_role
+    from deepspec_train.jobs.streamed import run_target_role
     from deepspec_train.streaming.streamed_source import StreamedFeatureSource
     from deepspec_train.training.distributed import init_distributed, role_context, shutdown
 
@@ -62,23 +62,19 @@ def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
     from deepspec_train.target.hidden_states import TargetTap
     from deepspec_train.target.loading import load_target_model
     from deepspec_train.training.distributed import DistContext
-    from deepspec_train.training.feature_source import InProcessFeatureSource
-    from deepspec_train.training.run import load_token_datasets, packing_spec, validation_source
+    from deepspec_train.jobs.assembly import load_token_datasets, train_source, validation_share
 
     single = DistContext(0, 1, 0, torch.device("cpu"), None)
     data = load_token_datasets(cfg, single)
     tap = TargetTap(load_target_model(cfg.target, single.device), cfg.target.layer_ids)
     expected = {}
     for d in range(drafters):
-        colocated = InProcessFeatureSource(
-            data["train"], tap, packing_spec(cfg), cfg.train.global_batch_sequences,
-            cfg.train.micro_batch_sequences, cfg.run.seed, d, drafters,
-        )
-        val, rows = validation_source(cfg, data["validation"], tap, d, drafters, single.device)
+        colocated = train_source(cfg, data["train"], tap, d, drafters, single.device)
+        val = validation_share(cfg, data["validation"], tap, d, drafters, single.device)
         for step, batches in zip(range(STEPS), colocated):
             expected[f"d{d}_train_{step}"] = batches
             if (step + 1) % cfg.train.eval_every == 0 or step + 1 == STEPS:
-                expected[f"d{d}_val_{step}"] = val.batches_for(rows, epoch=0)
+                expected[f"d{d}_val_{step}"] = val.batches()
     return expected
 
 

@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 from deepspec_train.config.loader import load_recipe
-from deepspec_train.training.run import run_training
+from deepspec_train.jobs.run import run_training
 
 REPO = Path(__file__).resolve().parents[1]
 # The `test` preset's target has 2 decoder layers: context can only come from layer 0.

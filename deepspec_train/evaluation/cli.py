@@ -20,7 +20,6 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from deepspec_train.evaluation.drafting import block_drafter_for
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
@@ -81,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
-    drafter = block_drafter_for(loaded)
+    drafter = loaded.block_drafter()
     block_size = args.block_size or drafter.max_block_size
     decoder = SpeculativeDecoder(
         target,

@@ -58,16 +58,6 @@ class DraftBlock:
     confidence_logits: Optional[torch.Tensor]
 
 
-class LoadedDrafterLike(Protocol):
-    """What drafting reads from ``deepspec_train.export.loader.LoadedDrafter``."""
-
-    module: nn.Module
-    kind: str
-    block_size: int
-    mask_token_id: int
-    labels: str
-
-
 class BlockDrafter(Protocol):
     """Anything the speculative decoder can ask for a block (the real drafters, or a scripted one in tests)."""
 
@@ -222,19 +212,6 @@ class Eagle3BlockDrafter:
             tokens.append(token)
             probs.append(q)
         return DraftBlock(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1), confidence_logits=None)
-
-
-def block_drafter_for(loaded: LoadedDrafterLike) -> BlockDrafter:
-    """The drafting strategy for a loaded drafter (``kind`` dspark / dflash / eagle3)."""
-    if loaded.kind == "eagle3":
-        if not isinstance(loaded.module, Eagle3Drafter):
-            raise TypeError(f"kind eagle3 needs an Eagle3Drafter, got {type(loaded.module).__name__}")
-        return Eagle3BlockDrafter(loaded.module)
-    if loaded.kind in ("dspark", "dflash"):
-        if not isinstance(loaded.module, ParallelDrafter):
-            raise TypeError(f"kind {loaded.kind} needs a ParallelDrafter, got {type(loaded.module).__name__}")
-        return ParallelBlockDrafter(loaded.module, loaded.labels)
-    raise ValueError(f"unknown drafter kind {loaded.kind!r}")
 
 
 def calibrated_confidences(logits: torch.Tensor, temperatures: Optional[list[float]]) -> torch.Tensor:

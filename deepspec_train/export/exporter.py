@@ -32,6 +32,7 @@ from safetensors.torch import save_file
 from deepspec_train.config.schema import AnchorConfig
 from deepspec_train.export.layouts import (
     ARCHITECTURES,
+    OMITTED_TENSORS,
     MARKOV_HEAD_TYPE,
     LayoutError,
     eagle3_aux_ids,
@@ -46,13 +47,12 @@ from deepspec_train.export.loader import (
     read_tensor_specs,
     resolve_drafter_dir,
 )
+from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.head_weights import load_head_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
-# Tensors of the module that a layout does not store (the serving engine uses the target's).
-_OMITTED = {"dspark": (), "zlab-dflash": ("embed_tokens.weight", "lm_head.weight"), "eagle3": ("embed_tokens.weight",)}
 
 
 @dataclass
@@ -66,29 +66,25 @@ class ExportPlan:
 
 def default_layout(loaded: LoadedDrafter) -> str:
     """The layout a drafter exports to when none is asked for."""
-    if loaded.kind == "eagle3":
-        return "eagle3"
-    return "zlab-dflash" if loaded.labels == "zlab" else "dspark"
+    layouts = kind_spec(loaded.kind).layouts(loaded.labels)
+    if not layouts:
+        raise LayoutError("none", [f"a {loaded.kind} drafter trained with {loaded.labels} labels has no serving layout"])
+    return layouts[0]
 
 
 def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
-    """Refuse a drafter / layout combination whose serving semantics would differ from training."""
-    if layout not in _OMITTED:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(_OMITTED)}")
-    if layout == "dspark" and (loaded.kind not in ("dspark", "dflash") or loaded.labels != "dspark"):
+    """Refuse a drafter / layout combination whose serving semantics would differ from training: weights trained
+    with one label convention compute something else under the other."""
+    if layout not in OMITTED_TENSORS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(OMITTED_TENSORS)}")
+    allowed = kind_spec(loaded.kind).layouts(loaded.labels)
+    if layout not in allowed:
         problem = (
-            f"the DSpark layout needs a DSpark-label dspark/dflash drafter, got kind={loaded.kind} "
-            f"labels={loaded.labels} (a z-lab-label DFlash exports as zlab-dflash)"
+            f"a {loaded.kind} drafter trained with {loaded.labels} labels exports only as "
+            f"{' / '.join(allowed) or 'nothing'}, not {layout} (the DSpark layout holds DSpark-label dspark/dflash "
+            f"drafters, zlab-dflash a DFlash trained with drafter.labels=zlab, eagle3 an EAGLE-3)"
         )
         raise LayoutError(layout, [problem])
-    if layout == "zlab-dflash" and (loaded.kind != "dflash" or loaded.labels != "zlab"):
-        problem = (
-            f"the z-lab DFlash layout needs a DFlash trained with drafter.labels=zlab, got kind={loaded.kind} "
-            f"labels={loaded.labels} (a DSpark-label DFlash exports in the dspark layout)"
-        )
-        raise LayoutError(layout, [problem])
-    if layout == "eagle3" and loaded.kind != "eagle3":
-        raise LayoutError(layout, [f"the EAGLE-3 layout needs an eagle3 drafter, got kind={loaded.kind}"])
 
 
 def check_same_target(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
@@ -182,7 +178,7 @@ def plan_export(
     tensors = {
         name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).contiguous()
         for name, t in module.state_dict().items()
-        if name not in _OMITTED[layout]
+        if name not in OMITTED_TENSORS[layout]
     }
     validate_layout(layout, config, tensors)
     return ExportPlan(layout=layout, config=config, tensors=tensors)

@@ -1,6 +1,6 @@
 """What each serving layout must contain, and the one validation that exporter and loader both run.
 
-Three layouts (facts in ``/work/shared/FORMATS.md``):
+Three layouts (facts checked against the vLLM 0.33 and SGLang 0.5.23 loaders):
 
 - ``dspark``: DeepSpec's release layout (``Qwen3DSparkModel``), read by vLLM and SGLang. Also the layout of a
   DFlash trained with DSpark labels (``markov_rank 0``, no confidence head). Our addition: an optional
@@ -38,6 +38,12 @@ ARCHITECTURES = {
     "eagle3": "LlamaForCausalLMEagle3",
 }
 MARKOV_HEAD_TYPE = "vanilla"
+# Tensors of the drafter module that a layout does not store: the serving engine uses the target's own.
+OMITTED_TENSORS = {
+    "dspark": (),
+    "zlab-dflash": ("embed_tokens.weight", "lm_head.weight"),
+    "eagle3": ("embed_tokens.weight",),
+}
 FLOAT = "floating point"
 
 

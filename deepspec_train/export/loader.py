@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -29,21 +29,21 @@ from torch import nn
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.export.layouts import (
+    OMITTED_TENSORS,
     TensorSpec,
     check_draft_vocab,
     layer_ids_from_eagle3_aux,
     layout_of_config,
     validate_layout,
 )
-from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab
-from deepspec_train.models.eagle3_drafter import Eagle3Drafter
-from deepspec_train.models.factory import check_kind_settings
+from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
+from deepspec_train.kinds.registry import kind_of_export, kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
-from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.target.head_weights import load_head_weights
 
-TRAINING_CONFIG = "drafter_config.json"
-TRAINING_WEIGHTS = "drafter.safetensors"
+if TYPE_CHECKING:
+    from deepspec_train.evaluation.drafting import BlockDrafter
+
 EXPORT_CONFIG = "config.json"
 EXPORT_WEIGHTS = "model.safetensors"
 # EAGLE-3 configs carry no block size; DeepSpec trains EAGLE-3 with 7 TTT steps.
@@ -81,6 +81,10 @@ class LoadedDrafter:
     labels: str
     source: str
 
+    def block_drafter(self) -> "BlockDrafter":
+        """The evaluator's drafting strategy for this drafter (its kind's, with its label convention)."""
+        return kind_spec(self.kind).block_drafter(self.module, self.labels)
+
     def confidences(self, logits: torch.Tensor) -> torch.Tensor:
         """Calibrated conditional confidences ``sigmoid(z_k / T_k)`` for ``logits [..., K]``, ``K <= block_size``
         (``T_k = 1`` when the drafter is uncalibrated)."""
@@ -108,11 +112,11 @@ def read_tensor_specs(path: str | Path) -> dict[str, TensorSpec]:
 def resolve_drafter_dir(path: str | Path) -> Path:
     """The directory holding the drafter files: ``path`` itself, or ``path/drafter`` for a training run dir."""
     root = Path(path)
-    if (root / TRAINING_CONFIG).is_file() or (root / EXPORT_CONFIG).is_file():
+    if is_trained_drafter_dir(root) or (root / EXPORT_CONFIG).is_file():
         return root
-    if (root / "drafter" / TRAINING_CONFIG).is_file():
+    if is_trained_drafter_dir(root / "drafter"):
         return root / "drafter"
-    raise FileNotFoundError(f"{root}: neither an export ({EXPORT_CONFIG}) nor a training output ({TRAINING_CONFIG})")
+    raise FileNotFoundError(f"{root}: neither an export ({EXPORT_CONFIG}) nor a training output (<run>/drafter)")
 
 
 def _weights_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
@@ -154,41 +158,31 @@ def _build(
     layer_ids: list[int],
     state: dict[str, torch.Tensor],
 ) -> nn.Module:
-    check_kind_settings(RecipeConfig(drafter=drafter_cfg, target=TargetConfig(layer_ids=list(layer_ids))))
-    if drafter_cfg.kind == "eagle3":
-        vocab = DraftVocab(d2t=state["d2t"], t2d=state["t2d"])
-        check_draft_vocab(vocab.d2t, vocab.t2d)
-        return _materialise(lambda: Eagle3Drafter(geometry, drafter_cfg, layer_ids, vocab), state)
-    return _materialise(lambda: ParallelDrafter(geometry, drafter_cfg, layer_ids), state)
+    spec = kind_spec(drafter_cfg.kind)
+    problems = spec.recipe_problems(RecipeConfig(drafter=drafter_cfg, target=TargetConfig(layer_ids=list(layer_ids))))
+    if problems:
+        raise ValueError("; ".join(problems))
+    if "d2t" in state and "t2d" in state:
+        check_draft_vocab(state["d2t"], state["t2d"])
+    # Built outside the meta context first: the kind may add the buffers it derives (identity maps) to ``state``.
+    spec.complete_state(drafter_cfg, geometry, state)
+    return _materialise(lambda: spec.build_from_state(drafter_cfg, geometry, layer_ids, state), state)
 
 
 def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
-    meta = json.loads((root / TRAINING_CONFIG).read_text())
-    drafter_cfg = DrafterConfig(**meta["drafter"])
-    geometry = DrafterGeometry(**meta["geometry"])
-    layer_ids = [int(i) for i in meta["target_layer_ids"]]
-    state = load_file(str(root / TRAINING_WEIGHTS))
-    embed, lm_head = _target_heads(target_path or meta.get("target_path"), _weights_dtype(state))
-    state["embed_tokens.weight"] = embed
-    if drafter_cfg.kind == "eagle3":
-        if "d2t" not in state:
-            size = drafter_cfg.draft_vocab_size
-            if size is not None and size < geometry.vocab_size:
-                raise ValueError(
-                    f"{root / TRAINING_WEIGHTS} has no d2t/t2d maps for its {size}-token draft vocabulary"
-                )
-            # A full draft vocabulary is the identity map, which needs no stored data.
-            full = build_draft_vocab(torch.ones(geometry.vocab_size, dtype=torch.long), None)
-            state["d2t"], state["t2d"] = full.d2t, full.t2d
-    else:
-        state["lm_head.weight"] = lm_head
+    trained = read_trained_drafter(root)
+    drafter_cfg, geometry, layer_ids = trained.drafter, trained.geometry, trained.target_layer_ids
+    state = dict(trained.weights)
+    spec = kind_spec(trained.kind)
+    embed, lm_head = _target_heads(target_path or trained.target_path, _weights_dtype(state))
+    state.update(spec.frozen_head_state(embed, lm_head))
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
         module=module,
-        kind=drafter_cfg.kind,
+        kind=trained.kind,
         block_size=drafter_cfg.block_size,
         target_layer_ids=layer_ids,
-        mask_token_id=None if drafter_cfg.kind == "eagle3" else drafter_cfg.mask_token_id,
+        mask_token_id=drafter_cfg.mask_token_id if spec.uses_mask_token else None,
         confidence_temperatures=None,
         labels=drafter_cfg.labels,
         source="training",
@@ -208,6 +202,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     validate_layout(layout, config, read_tensor_specs(weights))
     state = load_file(str(weights))
     dtype = _weights_dtype(state)
+    kind = kind_of_export(layout, config).name
     temperatures = None
     if layout == "dspark":
         rank, confidence = config["markov_rank"], config["enable_confidence_head"]
@@ -215,7 +210,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
             raise ValueError("only confidence heads that read the Markov rows exactly when markov_rank > 0 load")
         layer_ids, mask_id = config["target_layer_ids"], config["mask_token_id"]
         drafter_cfg = DrafterConfig(
-            kind="dspark" if rank > 0 else "dflash", num_layers=config["num_hidden_layers"],
+            kind=kind, num_layers=config["num_hidden_layers"],
             block_size=config["block_size"], markov_rank=rank, confidence_head=confidence, labels="dspark",
             mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
         )
@@ -224,21 +219,23 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     elif layout == "zlab-dflash":
         layer_ids, mask_id = config["dflash_config"]["target_layer_ids"], config["dflash_config"]["mask_token_id"]
         drafter_cfg = DrafterConfig(
-            kind="dflash", num_layers=config["num_hidden_layers"], block_size=config["block_size"], markov_rank=0,
+            kind=kind, num_layers=config["num_hidden_layers"], block_size=config["block_size"], markov_rank=0,
             confidence_head=False, labels="zlab", mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
         )
         geometry = _export_geometry(config, config["num_target_layers"])
-        state["embed_tokens.weight"], state["lm_head.weight"] = _target_heads(target_path, dtype)
     else:
         layer_ids, mask_id = layer_ids_from_eagle3_aux(config["eagle_aux_hidden_state_layer_ids"]), None
         block = config.get("block_size", DEFAULT_EAGLE3_BLOCK)
         drafter_cfg = DrafterConfig(
-            kind="eagle3", num_layers=1, block_size=block, ttt_steps=block,
+            kind=kind, num_layers=1, block_size=block, ttt_steps=block, markov_rank=0, confidence_head=False,
             draft_vocab_size=config["draft_vocab_size"], intermediate_size=config["intermediate_size"],
         )
         # Only used as metadata by the EAGLE-3 module; the smallest depth consistent with its taps when absent.
         geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
-        state["embed_tokens.weight"] = _target_heads(target_path, dtype)[0]
+    omitted = OMITTED_TENSORS[layout]
+    if omitted:
+        heads = kind_spec(kind).frozen_head_state(*_target_heads(target_path, dtype))
+        state.update({name: tensor for name, tensor in heads.items() if name in omitted})
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
         module=module,
@@ -260,7 +257,7 @@ def load_exported_drafter(
 ) -> LoadedDrafter:
     """Load a drafter export or training output (see the module docstring) onto ``device``."""
     root = resolve_drafter_dir(path)
-    if (root / TRAINING_CONFIG).is_file():
+    if is_trained_drafter_dir(root):
         loaded = _from_training_dir(root, target_path)
     else:
         loaded = _from_export_dir(root, target_path)

@@ -1,34 +1,24 @@
 """Build the drafter a recipe asks for, from the target it drafts for.
 
-One place maps ``drafter.kind`` to a module: DSpark and DFlash are the same ``ParallelDrafter`` (DFlash is Markov
-rank 0 without a confidence head), EAGLE-3 is ``Eagle3Drafter`` with a draft vocabulary counted from the
-supervised tokens of the training data. Frozen embedding / LM-head copies are filled from the target.
+The drafter kind's record (``kinds``) says which module to build and which frozen copies of the target's heads
+it holds; EAGLE-3's draft vocabulary is sized from the supervised-token counts of the training data. Two
+entry points: ``build_drafter`` next to a loaded target (colocated training), and ``build_drafter_from_files``
+from the target's config and safetensors only (a streamed drafter worker never loads the target's layers).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Iterable, Mapping, Optional
 
 import torch
 from torch import nn
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.models.draft_vocab import build_draft_vocab, count_supervised_tokens
-from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+from deepspec_train.kinds.registry import kind_spec
+from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
-from deepspec_train.models.parallel_drafter import ParallelDrafter
-
-
-def check_kind_settings(cfg: RecipeConfig) -> None:
-    """Reject recipe combinations that would silently train something else than asked."""
-    d = cfg.drafter
-    if d.kind == "dflash" and (d.markov_rank != 0 or d.confidence_head):
-        raise ValueError("drafter.kind=dflash needs drafter.markov_rank=0 and drafter.confidence_head=false")
-    if d.kind == "dspark" and d.markov_rank <= 0:
-        raise ValueError("drafter.kind=dspark needs drafter.markov_rank > 0 (use kind=dflash for rank 0)")
-    if d.labels == "zlab" and d.kind != "dflash":
-        raise ValueError("drafter.labels=zlab is DFlash's own convention: only with drafter.kind=dflash")
+from deepspec_train.target.head_weights import load_head_weights
+from deepspec_train.target.loading import load_target_config, resolve_dtype
 
 
 def build_drafter_for_geometry(
@@ -37,35 +27,31 @@ def build_drafter_for_geometry(
     token_counts: Optional[torch.Tensor] = None,
 ) -> nn.Module:
     """The untrained drafter module (random weights; heads not yet loaded)."""
-    check_kind_settings(cfg)
-    if cfg.drafter.kind == "eagle3":
-        counts = token_counts if token_counts is not None else torch.ones(geometry.vocab_size, dtype=torch.long)
-        vocab = build_draft_vocab(counts, cfg.drafter.draft_vocab_size)
-        return Eagle3Drafter(geometry, cfg.drafter, cfg.target.layer_ids, vocab)
-    return ParallelDrafter(geometry, cfg.drafter, cfg.target.layer_ids)
+    spec = kind_spec(cfg.drafter.kind)
+    problems = spec.recipe_problems(cfg)
+    if problems:
+        raise ValueError("; ".join(problems))
+    return spec.build(cfg.drafter, geometry, list(cfg.target.layer_ids), token_counts)
 
 
 def build_drafter(cfg: RecipeConfig, target: nn.Module, train_rows: Iterable[Mapping[str, Any]]) -> nn.Module:
     """Drafter for ``target`` (a loaded HF causal LM), with the target's embedding / LM head copied in."""
+    spec = kind_spec(cfg.drafter.kind)
     geometry = geometry_from_target_config(target.config, cfg.drafter.intermediate_size)
-    counts = None
-    if cfg.drafter.kind == "eagle3":
-        counts = count_supervised_tokens(train_rows, geometry.vocab_size)
+    counts = count_supervised_tokens(train_rows, geometry.vocab_size) if spec.needs_token_counts else None
     drafter = build_drafter_for_geometry(cfg, geometry, counts)
     embed = target.get_input_embeddings().weight.detach().float()
-    if isinstance(drafter, Eagle3Drafter):
-        drafter.load_target_embedding(embed)
-    else:
-        drafter.load_target_heads(embed, target.get_output_embeddings().weight.detach().float())
+    spec.load_frozen_heads(drafter, embed, target.get_output_embeddings().weight.detach().float())
     return drafter
 
 
-def drafter_metadata(drafter: nn.Module, cfg: RecipeConfig) -> dict:
-    """What a loader needs to rebuild ``drafter``: kind, recipe drafter section, geometry, target layers."""
-    return {
-        "kind": cfg.drafter.kind,
-        "drafter": dataclasses.asdict(cfg.drafter),
-        "geometry": dataclasses.asdict(drafter.geometry),
-        "target_layer_ids": list(cfg.target.layer_ids),
-        "target_path": cfg.target.path,
-    }
+def build_drafter_from_files(
+    cfg: RecipeConfig, token_counts: Optional[torch.Tensor], device: torch.device
+) -> tuple[nn.Module, torch.Tensor]:
+    """The drafter and the frozen LM-head weight, from the target's config and safetensors only."""
+    geometry = geometry_from_target_config(load_target_config(cfg.target), cfg.drafter.intermediate_size)
+    drafter = build_drafter_for_geometry(cfg, geometry, token_counts)
+    embed, lm_head = load_head_weights(cfg.target.path)
+    kind_spec(cfg.drafter.kind).load_frozen_heads(drafter, embed.float(), lm_head.float())
+    # The same dtype the colocated path takes from the loaded target's output embedding.
+    return drafter.to(device), lm_head.to(device=device, dtype=resolve_dtype(cfg.target.dtype, device))

@@ -137,8 +137,6 @@ class ParallelDrafter(nn.Module):
 
     def __init__(self, geometry: DrafterGeometry, drafter_cfg: DrafterConfig, target_layer_ids: list[int]) -> None:
         super().__init__()
-        if drafter_cfg.kind == "eagle3":
-            raise ValueError("ParallelDrafter builds dspark/dflash drafters, not eagle3")
         if not 0 <= drafter_cfg.mask_token_id < geometry.vocab_size:
             raise ValueError(f"mask_token_id {drafter_cfg.mask_token_id} outside vocab {geometry.vocab_size}")
         d, vocab, rank = geometry.hidden_size, geometry.vocab_size, drafter_cfg.markov_rank

@@ -1,7 +1,8 @@
 """Qwen3-style building blocks shared by every drafter (RMSNorm, rotary embeddings, SwiGLU, GQA attention).
 
-Parameter names follow the shared decoder layer of FORMATS.md (``input_layernorm``, ``self_attn.q_proj`` ...,
-``mlp.gate_proj`` ...) so that a drafter's ``state_dict`` is already the export layout.
+Parameter names are Qwen3's own decoder-layer names, which the DSpark and z-lab DFlash serving layouts keep
+(``input_layernorm``, ``self_attn.q_proj`` ..., ``mlp.gate_proj`` ...), so a drafter's ``state_dict`` is already
+the export layout.
 
 Tensor layout for attention: ``[batch, heads, tokens, head_dim]`` (the layout of SDPA and flex_attention).
 ``apply_rotary`` takes ``x [..., heads, T, head_dim]`` and ``cos``/``sin`` ``[..., T, head_dim]``.

@@ -33,7 +33,7 @@ _SIZES = {
     ),
 }
 
-# DESIGN.md: context taps evenly spaced from layer 1 to L-3.
+# Context taps evenly spaced from decoder layer 1 to L-3 (never the last layers), as DeepSpec taps Qwen3.
 REFERENCE_LAYER_IDS = {
     "Qwen3-4B": [1, 9, 17, 25, 33],
     "Qwen3-8B": [1, 9, 17, 25, 33],

@@ -2,7 +2,7 @@
 
 An anchor ``a`` is valid where ``loss_mask[a]`` and ``loss_mask[a+1]`` hold (the anchor token and at least
 one token to predict sit in the supervised span). Each sequence trains on up to ``num_anchors`` anchors drawn
-without replacement. For each anchor the block's labels follow one of two conventions (DESIGN.md):
+without replacement. For each anchor the block's labels follow one of two conventions:
 
 - ``"dspark"``: slot ``k`` predicts ``x[a+k+1]``; its target distribution comes from the target state at
   ``a+k``. Supervised iff ``loss_mask[a+1 .. a+k+1]`` all hold and ``a+k+1 < L``.

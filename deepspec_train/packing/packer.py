@@ -25,7 +25,8 @@ import torch
 from deepspec_train.packing.anchors import LabelConvention, block_labels
 from deepspec_train.packing.batch import PackedBatch
 
-FeatureSource = Union[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+# Rows of a per-position feature: the full ``[L, F]`` tensor, or a callable giving the rows at given positions.
+PositionRows = Union[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
 
 @dataclass
@@ -34,8 +35,8 @@ class SequenceItem:
 
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
-    ctx_features: FeatureSource
-    final_hidden: FeatureSource
+    ctx_features: PositionRows
+    final_hidden: PositionRows
     sample_id: int
 
 
@@ -50,7 +51,7 @@ class BlockGroup:
         return int(self.anchors.max()) + block_size * int(self.anchors.numel())
 
 
-def _rows(source: FeatureSource, positions: torch.Tensor) -> torch.Tensor:
+def _rows(source: PositionRows, positions: torch.Tensor) -> torch.Tensor:
     return source(positions) if callable(source) else source[positions]
 
 

@@ -1,8 +1,8 @@
 """The drafter worker's feature source: packed micro-batches received from target workers.
 
-Same interface as ``InProcessFeatureSource`` (iterate per-step lists of ``PackedBatch``; ``state_dict`` /
-``load_state_dict`` with the data position), so the trainer does not know where its features come from. It
-also keeps the stream's own measurements: seconds spent waiting on the stream and bytes received, reported as
+It implements the ``training.feature_source.FeatureSource`` protocol like ``InProcessFeatureSource`` (per-step
+lists of ``PackedBatch``; ``state_dict`` / ``load_state_dict`` with the data position), so the trainer does not
+know where its features come from. It also keeps the stream's own measurements: seconds spent waiting on the stream and bytes received, reported as
 ``stream/target_wait_frac`` and wire bytes per supervised token.
 """
 
@@ -15,9 +15,11 @@ import torch
 
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.streaming.roles import Topology
-from deepspec_train.streaming.target_worker import StreamPlan
 from deepspec_train.streaming.watchdog import PeerFailure
-from deepspec_train.streaming.wire import KIND_TRAIN, KIND_VALIDATION, StreamMessage, recv_ints, recv_message, send_ints
+from deepspec_train.streaming.wire import (
+    KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_message, recv_plan, send_ints,
+)
+from deepspec_train.training.feature_source import StreamWindow
 
 
 class StreamedFeatureSource:
@@ -34,14 +36,9 @@ class StreamedFeatureSource:
         self._window_start = time.monotonic()
 
     def _receive_plans(self) -> StreamPlan:
-        plans = []
-        for target in self.feeders:
-            peer = self.topology.describe(target)
-            total, last, per_epoch, eval_every, has_val, num_counts = recv_ints(target, self.device, self.timeout_s, peer)
-            counts = None
-            if num_counts:
-                counts = torch.tensor(recv_ints(target, self.device, self.timeout_s, peer), dtype=torch.long)
-            plans.append(StreamPlan(total, last, per_epoch, eval_every, bool(has_val), counts))
+        plans = [
+            recv_plan(target, self.device, self.timeout_s, self.topology.describe(target)) for target in self.feeders
+        ]
         first = plans[0]
         for plan in plans[1:]:
             if plan.to_ints() != first.to_ints():
@@ -86,9 +83,9 @@ class StreamedFeatureSource:
         step = self.next_step - 1
         return self._receive(self.topology.feeder_of(self.drafter, step), KIND_VALIDATION, step).batches
 
-    def pop_stream_metrics(self) -> tuple[float, float, float]:
-        """(seconds waiting on the stream, wall seconds, bytes received) since the last call."""
+    def pop_stream_metrics(self) -> StreamWindow:
+        """Seconds waiting on the stream, wall seconds and bytes received since the last call."""
         now = time.monotonic()
-        window = (self.wait_seconds, now - self._window_start, float(self.bytes_received))
+        window = StreamWindow(self.wait_seconds, now - self._window_start, float(self.bytes_received))
         self.wait_seconds, self.bytes_received, self._window_start = 0.0, 0, now
         return window

@@ -25,28 +25,10 @@ import torch
 
 from deepspec_train.streaming.roles import Route, Topology
 from deepspec_train.streaming.watchdog import PeerFailure, abort
-from deepspec_train.streaming.wire import KIND_TRAIN, KIND_VALIDATION, StreamMessage, recv_ints, send_ints, send_message
-from deepspec_train.training.feature_source import InProcessFeatureSource
-
-
-@dataclass
-class StreamPlan:
-    total_steps: int
-    # Where this run ends: ``total_steps``, or earlier with ``train.stop_at_step`` (same plan, shorter run).
-    last_step: int
-    steps_per_epoch: int
-    eval_every: int
-    has_validation: bool
-    token_counts: Optional[torch.Tensor] = None
-
-    def to_ints(self) -> list[int]:
-        counts = 0 if self.token_counts is None else int(self.token_counts.numel())
-        return [self.total_steps, self.last_step, self.steps_per_epoch, self.eval_every, int(self.has_validation), counts]
-
-    def validates_after(self, step: int) -> bool:
-        """Whether the drafter validates after finishing 0-based step ``step`` (the trainer's schedule)."""
-        done = step + 1
-        return self.has_validation and (done % self.eval_every == 0 or done == self.total_steps)
+from deepspec_train.streaming.wire import (
+    KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_ints, send_message, send_plan,
+)
+from deepspec_train.training.feature_source import InProcessFeatureSource, ValidationShare
 
 
 @dataclass
@@ -55,8 +37,7 @@ class DrafterFeed:
 
     route: Route
     train: InProcessFeatureSource
-    validation: Optional[InProcessFeatureSource]
-    validation_rows: list[int]
+    validation: Optional[ValidationShare]
 
 
 class _Sender:
@@ -99,9 +80,7 @@ def exchange_plan(feeds: Sequence[DrafterFeed], plan: StreamPlan, topology: Topo
     for feed in feeds:
         dst = topology.drafter_rank(feed.route.drafter)
         peer = topology.describe(dst)
-        send_ints(plan.to_ints(), dst, device, timeout_s, peer)
-        if plan.token_counts is not None:
-            send_ints(plan.token_counts.tolist(), dst, device, timeout_s, peer)
+        send_plan(plan, dst, device, timeout_s, peer)
         starts[feed.route.drafter] = recv_ints(dst, device, timeout_s, peer)[0]
     return starts
 
@@ -125,7 +104,7 @@ def run_target_loop(feeds: Sequence[DrafterFeed], plan: StreamPlan, topology: To
         if plan.validates_after(step):
             for feed in served:
                 if feed.validation is not None:
-                    val_batches = feed.validation.batches_for(feed.validation_rows, epoch=0)
-                    sender.put(topology.drafter_rank(feed.route.drafter), StreamMessage(KIND_VALIDATION, step, 0, 0, val_batches))
+                    message = StreamMessage(KIND_VALIDATION, step, 0, 0, feed.validation.batches())
+                    sender.put(topology.drafter_rank(feed.route.drafter), message)
     sender.close()
     return sender.bytes_sent

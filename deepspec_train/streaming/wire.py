@@ -10,12 +10,14 @@ One message = the micro-batches of one optimizer step (or of one validation pass
 
 Transfers use ``torch.distributed`` point-to-point ops (gloo on CPU, NCCL on GPU, so buffers live on the
 process's device) and wait with a deadline (``watchdog.wait_for``) so that a dead peer is an error, not a hang.
-The same module carries the two small control vectors of the start-up exchange (``send_ints`` / ``recv_ints``).
+The same module carries the start-up exchange: the ``StreamPlan`` a target worker announces to each drafter it
+feeds (``send_plan`` / ``recv_plan``) and the small control vectors around it (``send_ints`` / ``recv_ints``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,29 @@ CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 KIND_TRAIN = 1
 KIND_VALIDATION = 2
+
+
+@dataclass
+class StreamPlan:
+    """What a target worker tells each drafter it feeds before streaming: the schedule both sides follow, and for
+    a drafter kind that needs them the supervised-token counts of the training data (drafters never see it)."""
+
+    total_steps: int
+    # Where this run ends: ``total_steps``, or earlier with ``train.stop_at_step`` (same plan, shorter run).
+    last_step: int
+    steps_per_epoch: int
+    eval_every: int
+    has_validation: bool
+    token_counts: Optional[torch.Tensor] = None
+
+    def to_ints(self) -> list[int]:
+        counts = 0 if self.token_counts is None else int(self.token_counts.numel())
+        return [self.total_steps, self.last_step, self.steps_per_epoch, self.eval_every, int(self.has_validation), counts]
+
+    def validates_after(self, step: int) -> bool:
+        """Whether the drafter validates after finishing 0-based step ``step`` (the trainer's schedule)."""
+        done = step + 1
+        return self.has_validation and (done % self.eval_every == 0 or done == self.total_steps)
 
 
 @dataclass
@@ -125,9 +150,15 @@ def recv_ints(src: int, device: torch.device, timeout_s: float, peer: str) -> li
     return values[2:]
 
 
-def send_tensor(t: torch.Tensor, dst: int, timeout_s: float, peer: str) -> None:
-    wait_for(dist.isend(t.contiguous(), dst), timeout_s, peer, "receive a tensor")
+def send_plan(plan: StreamPlan, dst: int, device: torch.device, timeout_s: float, peer: str) -> None:
+    send_ints(plan.to_ints(), dst, device, timeout_s, peer)
+    if plan.token_counts is not None:
+        send_ints(plan.token_counts.tolist(), dst, device, timeout_s, peer)
 
 
-def recv_tensor(buffer: torch.Tensor, src: int, timeout_s: float, peer: str) -> torch.Tensor:
-    return _recv(buffer, src, timeout_s, peer)
+def recv_plan(src: int, device: torch.device, timeout_s: float, peer: str) -> StreamPlan:
+    total, last, per_epoch, eval_every, has_val, num_counts = recv_ints(src, device, timeout_s, peer)
+    counts = None
+    if num_counts:
+        counts = torch.tensor(recv_ints(src, device, timeout_s, peer), dtype=torch.long)
+    return StreamPlan(total, last, per_epoch, eval_every, bool(has_val), counts)

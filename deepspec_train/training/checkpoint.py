@@ -22,13 +22,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from deepspec_train.formats.trained_drafter import trainable_state
 from deepspec_train.training.distributed import DistContext, barrier
 
 PREFIX = "step_"
-
-
-def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
 
 
 class TrainState(Protocol):

@@ -7,7 +7,7 @@ How it meets the trainer:
   optimizer to ``deepspeed.initialize``; ZeRO-2 partitions its fp32 state over the drafter ranks and the trainer
   keeps stepping the same scheduler, so the learning-rate curve is the DDP one. Clipping is DeepSpeed's
   (``gradient_clipping`` = ``train.grad_clip``, same ``max_norm / (norm + 1e-6)`` factor as torch's).
-- Data parallelism runs over ``ctx.drafter_group`` through a minimal ``mpu``: in streamed mode the drafters are
+- Data parallelism runs over ``ctx.group`` through a minimal ``mpu``: in streamed mode the drafters are
   a subgroup of the world, and no ZeRO collective may involve the target workers.
 - Ranks may hold different numbers of packed micro-batches in a step, but ZeRO-2 reduces gradient buckets inside
   every backward, so all drafter ranks must run the same number of backward calls. ``plan_step`` agrees on the
@@ -96,7 +96,7 @@ class DrafterParallelUnit:
         self.ctx = ctx
 
     def get_data_parallel_group(self) -> Optional[dist.ProcessGroup]:
-        return self.ctx.drafter_group
+        return self.ctx.group
 
     def get_data_parallel_world_size(self) -> int:
         return self.ctx.world_size
@@ -105,7 +105,7 @@ class DrafterParallelUnit:
         return self.ctx.rank
 
     def get_data_parallel_group_ranks(self) -> list[int]:
-        return dist.get_process_group_ranks(self.ctx.drafter_group)
+        return dist.get_process_group_ranks(self.ctx.group)
 
     def get_model_parallel_group(self) -> None:
         return None
@@ -122,12 +122,13 @@ def all_reduce_max(value: int, ctx: DistContext) -> int:
     if not ctx.distributed:
         return value
     t = torch.tensor([value], dtype=torch.int64, device=ctx.device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.drafter_group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
     return int(t.item())
 
 
 class DeepSpeedDrafterEngine:
-    """A ZeRO-2 engine over the drafter ranks, driven one optimizer step at a time by the trainer."""
+    """A ZeRO-2 engine over the drafter ranks, driven one optimizer step at a time by the trainer (the
+    ``local_engine.DrafterEngine`` interface)."""
 
     def __init__(self, cfg: RecipeConfig, model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext,
                  run_dir: Optional[Path]):
@@ -150,11 +151,15 @@ class DeepSpeedDrafterEngine:
         # DeepSpeed insists on reading LOCAL_RANK itself; a plain `python train.py` has none (init_distributed took 0).
         os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
         # Without a drafter group (one process) DeepSpeed's default, the whole one-rank world, is the same thing.
-        mpu = DrafterParallelUnit(ctx) if ctx.drafter_group is not None else None
+        mpu = DrafterParallelUnit(ctx) if ctx.group is not None else None
         self.engine, self.zero_optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=optimizer, config=self.config, mpu=mpu, dist_init_required=False,
         )
         self.base_optimizer = optimizer
+        # Forwards go through the engine: its hooks track each backward.
+        self.forward_module = self.engine
+        # DeepSpeed's bf16 runs a bf16 module with fp32 masters, so torch autocast stays off.
+        self.autocast_bf16 = False
         self._planned = 0
         self._calls = 0
 
@@ -184,7 +189,7 @@ class DeepSpeedDrafterEngine:
     def train_state(self) -> "DeepSpeedTrainState":
         return DeepSpeedTrainState(self)
 
-    def restore_fp32_module(self) -> None:
+    def finish(self) -> None:
         """Leave the module holding the fp32 master weights (for the final export after a bf16 run)."""
         weights = {name: full for name, full in _gather_fp32_params(self.module)}
         self.module.float()

@@ -18,11 +18,15 @@ import torch.distributed as dist
 
 @dataclass
 class DistContext:
+    """This process inside its role: ``rank`` / ``world_size`` count the ranks of the role (all ranks when
+    colocated; the target workers or the drafter workers in streamed mode) and ``group`` is the role's process
+    group (None for one process), which every collective of the role runs over."""
+
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
-    drafter_group: Optional[dist.ProcessGroup]
+    group: Optional[dist.ProcessGroup]
 
     @property
     def is_main(self) -> bool:
@@ -57,9 +61,9 @@ def init_distributed(timeout_s: float = 300.0) -> DistContext:
 def role_context(world: DistContext, num_targets: int) -> DistContext:
     """This rank's context inside its role (streamed mode: ranks ``< num_targets`` are target workers).
 
-    ``rank`` / ``world_size`` become the index and count within the role and ``drafter_group`` the role's own
-    process group, so the drafters' gradient all-reduce, barriers and checkpoints never involve target workers
-    (for a target worker that group is the target workers', used for barriers around data preparation).
+    ``rank`` / ``world_size`` become the index and count within the role and ``group`` the role's own process
+    group, so the drafters' gradient all-reduce, barriers and checkpoints never involve target workers (for a
+    target worker that group is the target workers', used for barriers around data preparation).
     Every rank must call this, in the same order: ``new_group`` is collective over the whole world.
     """
     target_ranks = list(range(num_targets))
@@ -72,11 +76,11 @@ def role_context(world: DistContext, num_targets: int) -> DistContext:
 
 
 def all_reduce_sum(value: float, ctx: DistContext) -> float:
-    """Sum a Python number over the drafter ranks."""
+    """Sum a Python number over the ranks of this role."""
     if not ctx.distributed:
         return value
     t = torch.tensor([value], dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t, group=ctx.drafter_group)
+    dist.all_reduce(t, group=ctx.group)
     return float(t.item())
 
 
@@ -94,7 +98,7 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> 
             p.grad = torch.zeros_like(p)
         grads.append(p.grad)
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=ctx.drafter_group)
+    dist.all_reduce(flat, group=ctx.group)
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -103,7 +107,7 @@ def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> 
 
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
-        dist.barrier(group=ctx.drafter_group)
+        dist.barrier(group=ctx.group)
 
 
 def shutdown(ctx: DistContext) -> None:

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    from deepspec_train.training.run import run_training
+    from deepspec_train.jobs.run import run_training
 
     run_training(cfg)
     return 0

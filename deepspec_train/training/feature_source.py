@@ -1,16 +1,18 @@
 """Feature sources: what the trainer iterates to get packed micro-batches of target features.
 
-A feature source yields, per optimizer step, the list of ``PackedBatch`` micro-batches this drafter rank trains
-on. ``InProcessFeatureSource`` is the colocated implementation: the process runs the frozen target itself. The
-order of sequences, the anchors and therefore every batch are a pure function of (seed, epoch, position), so a
-resumed run sees exactly the batches an uninterrupted one would, and a streamed source that follows the same
-plan produces the same features.
+A feature source (the ``FeatureSource`` protocol) yields, per optimizer step, the list of ``PackedBatch``
+micro-batches this drafter rank trains on, and saves / restores its data position for checkpoints.
+``InProcessFeatureSource`` is the colocated implementation: the process runs the frozen target itself; the
+streamed one (``streaming.streamed_source``) receives the same batches from a target worker. The order of
+sequences, the anchors and therefore every batch are a pure function of (seed, epoch, position), so a resumed
+run sees exactly the batches an uninterrupted one would, and a streamed source that follows the same plan
+produces the same features.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Protocol, Sequence
 
 import torch
 
@@ -18,6 +20,32 @@ from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.target.hidden_states import TargetTap
+
+
+@dataclass
+class StreamWindow:
+    """What a streamed source measured since it was last asked: seconds spent waiting on the stream, wall
+    seconds, and bytes received."""
+
+    wait_seconds: float
+    wall_seconds: float
+    bytes_received: float
+
+
+class FeatureSource(Protocol):
+    """What the trainer iterates: per optimizer step, this drafter rank's micro-batches."""
+
+    def __iter__(self) -> Iterator[list[PackedBatch]]: ...
+
+    def state_dict(self) -> dict:
+        """The data position to resume from (saved in checkpoints)."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def pop_stream_metrics(self) -> Optional[StreamWindow]:
+        """The stream's measurements since the last call; None for a source that does not stream."""
+        ...
 
 
 @dataclass
@@ -98,6 +126,10 @@ class InProcessFeatureSource:
     def load_state_dict(self, state: dict) -> None:
         self.position = DataPosition(int(state["epoch"]), int(state["step_in_epoch"]))
 
+    def pop_stream_metrics(self) -> None:
+        """Features are computed in-process: there is no stream to measure."""
+        return None
+
     def step_sample_indices(self, epoch: int, step_in_epoch: int) -> list[int]:
         """Dataset indices this rank trains on at (epoch, step)."""
         order = epoch_order(len(self.dataset), self.seed, epoch, self.shuffle)
@@ -153,3 +185,14 @@ def run_target(
         attention[i, : seq.numel()] = 1
     states = tap(input_ids.to(device), attention.to(device))
     return [(states.ctx_features[i, : seq.numel()], states.final_hidden[i, : seq.numel()]) for i, seq in enumerate(sequences)]
+
+
+@dataclass
+class ValidationShare:
+    """The validation plan of one drafter rank: a fixed subset, fixed anchors, fixed order."""
+
+    source: InProcessFeatureSource
+    rows: list[int]
+
+    def batches(self) -> list[PackedBatch]:
+        return self.source.batches_for(self.rows, epoch=0)

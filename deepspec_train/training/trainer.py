@@ -1,11 +1,11 @@
 """The drafter training loop: gradient accumulation over packed micro-batches, clipping, warmup + cosine LR,
 periodic validation and checkpoints, per-position metrics.
 
-The trainer only sees a feature source (an iterator of per-step lists of ``PackedBatch``), a drafter module and
-the frozen target LM-head weight; it does not know whether features were computed in-process or streamed.
-``train.distributed`` picks how gradients meet: ``ddp`` (one flat all-reduce after local accumulation, torch
-clipping) or ``deepspeed`` (ZeRO-2 over the drafter ranks, see ``deepspeed_engine``); the optimizer, the LR
-curve and the checkpoint files are the same for both.
+The trainer only sees a feature source (``training.feature_source.FeatureSource``: per-step lists of
+``PackedBatch``), a drafter module and the frozen target LM-head weight; it does not know whether features were
+computed in-process or streamed. How gradients meet is the engine's business (``training.local_engine``: one
+flat all-reduce and torch clipping for ``train.distributed=ddp``; ``training.deepspeed_engine``: ZeRO-2 over the
+drafter ranks); the optimizer, the LR curve and the checkpoint files are the same for both.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional
+from typing import Callable, Iterable, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,11 +27,11 @@ from deepspec_train.logging_utils.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.training.checkpoint import (
-    LocalTrainState, load_checkpoint, load_run_state, resolve_resume, save_checkpoint,
-)
-from deepspec_train.training.distributed import DistContext, all_reduce_gradients, all_reduce_sum
-from deepspec_train.training.drafter_step import drafter_loss
+from deepspec_train.training.batch_loss import batch_loss
+from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, resolve_resume, save_checkpoint
+from deepspec_train.training.distributed import DistContext, all_reduce_sum
+from deepspec_train.training.feature_source import FeatureSource
+from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
 from deepspec_train.training.lr_schedule import warmup_cosine
 
 log = get_logger("deepspec_train.trainer")
@@ -60,8 +60,8 @@ class DrafterTrainer:
         cfg: RecipeConfig,
         model: nn.Module,
         target_head_weight: torch.Tensor,
-        train_source: Iterable[list[PackedBatch]],
-        val_batches: Optional[callable],
+        train_source: FeatureSource,
+        val_batches: Optional[Callable[[], Iterable[PackedBatch]]],
         sink: MetricsSink,
         ctx: DistContext,
         total_steps: int,
@@ -81,12 +81,8 @@ class DrafterTrainer:
         self.scheduler = warmup_cosine(self.optimizer, total_steps, cfg.train.warmup_frac)
         self.step = 0
         self.loss_history: list[float] = []
-        # The module keeps parameter names and weights; ``self.model`` is what forwards (DeepSpeed's engine, once
-        # ``_synchronise_replicas`` has built it).
-        self.module = model
-        self.deepspeed = None
-        self.train_state = LocalTrainState(model, self.optimizer)
-        self._autocast = cfg.train.mixed_precision == "bf16" and ctx.device.type == "cuda"
+        # Replaced by the recipe's engine in ``_synchronise_replicas`` (DeepSpeed's initialisation is collective).
+        self.engine: DrafterEngine = LocalEngine(cfg, model, self.optimizer, ctx)
         self._padding_batch: Optional[PackedBatch] = None
 
     def _synchronise_replicas(self) -> None:
@@ -97,18 +93,7 @@ class DrafterTrainer:
         the drafters before it have started iterating, so a drafter-group collective any earlier would deadlock.
         """
         broadcast_parameters(self.params, self.ctx)
-        if self.cfg.train.distributed != "deepspeed":
-            return
-        from deepspec_train.training.deepspeed_engine import DeepSpeedDrafterEngine
-
-        self.deepspeed = DeepSpeedDrafterEngine(
-            self.cfg, self.module, self.optimizer, self.ctx, Path(self.cfg.run.output_dir)
-        )
-        # Forwards go through the engine: its hooks track each backward.
-        self.model = self.deepspeed.engine
-        self.train_state = self.deepspeed.train_state()
-        # DeepSpeed's bf16 runs a bf16 module with fp32 masters, so torch autocast stays off.
-        self._autocast = False
+        self.engine = make_engine(self.cfg, self.model, self.optimizer, self.ctx, Path(self.cfg.run.output_dir))
 
     def _resume_position(self) -> Optional[tuple[Path, dict]]:
         """Step, data position and RNG of the checkpoint to resume from (no collectives); None for a fresh run."""
@@ -122,7 +107,7 @@ class DrafterTrainer:
 
     def _restore(self, path: Path, state: dict) -> None:
         """Weights, optimizer and scheduler of the checkpoint (after ``_synchronise_replicas``)."""
-        load_checkpoint(self.ctx, path, self.module, self.train_state, self.scheduler, state)
+        load_checkpoint(self.ctx, path, self.model, self.engine.train_state(), self.scheduler, state)
         log.info("resumed from %s at step %d", path, self.step)
 
     def _accumulate(self, micro_batches: list[PackedBatch], stats: PositionStats) -> tuple[float, dict[str, float]]:
@@ -131,56 +116,47 @@ class DrafterTrainer:
         normalizer = max(all_reduce_sum(local_supervised, self.ctx), 1.0)
         total = {"loss": 0.0, "ce": 0.0, "tv": 0.0, "conf": 0.0}
         active = [b for b in micro_batches if b.num_supervised > 0]
-        padding = self.deepspeed.plan_step(len(active)) if self.deepspeed is not None else 0
-        if self.deepspeed is not None:
-            # Backward calls spent on padding: the cost of uneven micro-batch counts across drafter ranks.
-            total["padding_calls"] = float(padding)
+        padding = self.engine.plan_step(len(active))
+        # Backward calls spent on padding: the cost of uneven micro-batch counts across drafter ranks.
+        total["padding_calls"] = float(padding)
         for batch in active:
-            with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self._autocast):
-                result = drafter_loss(self.model, batch, self.cfg, self.target_head_weight, normalizer, self.attention)
-            self._backward(result.loss.loss)
+            result = self._forward_loss(batch, normalizer)
+            self.engine.backward(result.loss.loss)
             out = result.loss
             total["loss"] += float(out.loss.detach())
             total["ce"] += float(out.ce_sum) / normalizer
             total["tv"] += float(out.tv_sum) / normalizer
             total["conf"] += float(out.conf_sum) / normalizer
             stats.update(result.slot_index, out.c_star, out.draft_correct, out.conf_prob)
-        if active and self.deepspeed is not None:
+        if active:
             # Kept for padding calls of later steps on which this rank may have no micro-batch of its own.
-            self._padding_batch = batch
+            self._padding_batch = active[-1]
         for _ in range(padding):
             self._padding_backward(micro_batches)
         for key in total:
             total[key] = all_reduce_sum(total[key], self.ctx)
         return total["loss"], {f"train/{k}": v for k, v in total.items()} | {"train/supervised_tokens": normalizer}
 
-    def _backward(self, loss: torch.Tensor) -> None:
-        if self.deepspeed is not None:
-            self.deepspeed.backward(loss)
-        else:
-            loss.backward()
+    def _forward_loss(self, batch: PackedBatch, normalizer: float):
+        """The engine's forward module on ``batch`` and its loss, under autocast when the engine asks for it."""
+        engine = self.engine
+        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=engine.autocast_bf16):
+            return batch_loss(engine.forward_module, batch, self.cfg, self.target_head_weight, normalizer, self.attention)
 
     def _padding_backward(self, micro_batches: list[PackedBatch]) -> None:
-        """One DeepSpeed backward that changes nothing: a real forward with the loss times zero, so ZeRO-2's
-        gradient hooks fire exactly as on the ranks that still have data (see ``deepspeed_engine``)."""
+        """One backward that changes nothing, for an engine that needs equal backward counts on every rank: a
+        real forward with the loss times zero, so gradient hooks fire exactly as on the ranks that still have
+        data (see ``deepspeed_engine``)."""
         batch = self._padding_batch
         if batch is None:
             if not micro_batches:
-                raise RuntimeError("drafter rank got no micro-batch in its first step: nothing to pad ZeRO-2 with")
+                raise RuntimeError("drafter rank got no micro-batch in its first step: nothing to pad the step with")
             batch = micro_batches[0]
-        with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self._autocast):
-            result = drafter_loss(self.model, batch, self.cfg, self.target_head_weight, 1.0, self.attention)
-        self._backward(result.loss.loss * 0.0)
+        self.engine.backward(self._forward_loss(batch, 1.0).loss.loss * 0.0)
 
     def _update(self) -> float:
         """Synchronise, clip and apply the accumulated gradients; returns the pre-clip gradient norm."""
-        if self.deepspeed is not None:
-            grad_norm = self.deepspeed.step()
-        else:
-            all_reduce_gradients(self.params, self.ctx)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.grad_clip))
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.engine.step()
         self.scheduler.step()
         return grad_norm
 
@@ -197,7 +173,7 @@ class DrafterTrainer:
         start = time.time()
         window_start, window_samples, window_tokens = time.time(), 0, 0.0
         val_metrics: dict[str, float] = {}
-        self.model.train()
+        self.engine.forward_module.train()
         while self.step < self.total_steps:
             micro_batches = pending if pending is not None else next(iterator)
             pending = None
@@ -211,7 +187,7 @@ class DrafterTrainer:
             progress.update(self.step, window_samples / elapsed, window_tokens / elapsed, loss)
             if self.step % cfg.logging.log_every == 0 or self.step == self.total_steps:
                 if self.ctx.distributed:
-                    stats.all_reduce(self.ctx.drafter_group)
+                    stats.all_reduce(self.ctx.group)
                 metrics = parts | stats.summary("train") | {
                     "train/lr": self.scheduler.get_last_lr()[0],
                     "train/grad_norm": grad_norm,
@@ -229,35 +205,35 @@ class DrafterTrainer:
             stopping = cfg.train.stop_at_step is not None and self.step >= cfg.train.stop_at_step
             if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping:
                 save_checkpoint(
-                    self.ctx, cfg.run.output_dir, self.step, self.train_state, self.scheduler,
+                    self.ctx, cfg.run.output_dir, self.step, self.engine.train_state(), self.scheduler,
                     self.train_source.state_dict(), cfg.train.keep_last,
                 )
             if stopping:
                 break
         progress.close()
-        if self.deepspeed is not None:
-            self.deepspeed.restore_fp32_module()
+        self.engine.finish()
         final = self.loss_history[-1] if self.loss_history else math.nan
         return TrainSummary(self.step, final, val_metrics, time.time() - start)
 
     def _stream_metrics(self, supervised_tokens: float) -> dict[str, float]:
         """Streamed sources only: the share of drafter time spent waiting on the stream (mean over drafter
         ranks) and the bytes received per supervised token (all drafter ranks together)."""
-        pop = getattr(self.train_source, "pop_stream_metrics", None)
-        if pop is None:
+        window = self.train_source.pop_stream_metrics()
+        if window is None:
             return {}
-        wait_s, wall_s, wire_bytes = pop()
         ranks = self.ctx.world_size
+        wait_frac = window.wait_seconds / max(window.wall_seconds, 1e-9)
         return {
-            "stream/target_wait_frac": all_reduce_sum(wait_s / max(wall_s, 1e-9), self.ctx) / ranks,
-            "stream/wire_bytes_per_supervised_token": all_reduce_sum(wire_bytes, self.ctx) / max(supervised_tokens, 1.0),
+            "stream/target_wait_frac": all_reduce_sum(wait_frac, self.ctx) / ranks,
+            "stream/wire_bytes_per_supervised_token":
+                all_reduce_sum(window.bytes_received, self.ctx) / max(supervised_tokens, 1.0),
         }
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
         """Per-position accuracy and c*, E[L] over full blocks, and the confidence head's ECE / AUROC vs c*."""
         cfg = self.cfg
-        self.model.eval()
+        self.engine.forward_module.eval()
         stats = PositionStats(cfg.drafter.block_size, device=self.ctx.device)
         lengths = BlockLengthStats(cfg.drafter.block_size, device=self.ctx.device)
         conf, target = [], []
@@ -265,8 +241,7 @@ class DrafterTrainer:
         for batch in self.val_batches():
             if batch.num_supervised == 0:
                 continue
-            with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=self._autocast):
-                result = drafter_loss(self.model, batch, cfg, self.target_head_weight, 1.0, self.attention)
+            result = self._forward_loss(batch, 1.0)
             out = result.loss
             total_loss += float(out.loss)
             total_rows += batch.num_supervised
@@ -275,17 +250,17 @@ class DrafterTrainer:
             if out.conf_prob is not None:
                 conf.append(out.conf_prob.float().cpu())
                 target.append(out.c_star.float().cpu())
-        self.model.train()
+        self.engine.forward_module.train()
         total_loss = all_reduce_sum(total_loss, self.ctx)
         total_rows = all_reduce_sum(total_rows, self.ctx)
         if self.ctx.distributed:
-            stats.all_reduce(self.ctx.drafter_group)
-            lengths.all_reduce(self.ctx.drafter_group)
+            stats.all_reduce(self.ctx.group)
+            lengths.all_reduce(self.ctx.group)
         metrics = {"val/loss": total_loss / max(total_rows, 1.0)} | stats.summary("val") | lengths.summary("val")
         if self.ctx.distributed:
             # ECE and AUROC are not sums: gather every rank's (confidence, c*) pairs before scoring them.
             gathered: list = [None] * self.ctx.world_size
-            torch.distributed.all_gather_object(gathered, (conf, target), group=self.ctx.drafter_group)
+            torch.distributed.all_gather_object(gathered, (conf, target), group=self.ctx.group)
             conf = [t for rank_conf, _ in gathered for t in rank_conf]
             target = [t for _, rank_target in gathered for t in rank_target]
         if conf:
@@ -302,7 +277,7 @@ def broadcast_parameters(params: list[torch.nn.Parameter], ctx: DistContext) -> 
         return
     with torch.no_grad():
         for p in params:
-            dist.broadcast(p.data, group=ctx.drafter_group, group_src=0)
+            dist.broadcast(p.data, group=ctx.group, group_src=0)
 
 
 def _format_val(step: int, metrics: dict[str, float]) -> str:

@@ -1,8 +1,8 @@
-"""One drafter forward + loss on a packed micro-batch, shared by training and validation.
+"""Forward a drafter on one packed micro-batch and compute its loss: shared by training and validation.
 
-This is the single place that knows how each drafter kind meets the selected-logit loss: which head weight
-scores the drafter's states, which position weights apply (DSpark/DFlash: ``exp(-(k-1)/gamma_decay)``,
-EAGLE-3: ``ttt_decay ** k``), and whether Markov rows, confidence logits and a draft vocabulary take part.
+The drafter's kind record (``kinds``) supplies what differs between kinds: the per-slot position weights
+(DSpark/DFlash ``exp(-(k-1)/gamma_decay)``, EAGLE-3 ``ttt_decay ** k``), the draft-vocabulary map and the Markov
+factor; Markov rows and confidence logits come with the drafter's output when it has those heads.
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.losses.position_weights import decay_weights
+from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.losses.selected_logit_loss import LossOutput, selected_logit_loss
 from deepspec_train.packing.batch import PackedBatch
 
 
 @dataclass
-class StepResult:
+class BatchLoss:
     loss: LossOutput
     slot_index: torch.Tensor
     supervised_mask: torch.Tensor
@@ -30,37 +30,30 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
-def drafter_loss(
+def batch_loss(
     model: nn.Module,
     batch: PackedBatch,
     cfg: RecipeConfig,
     target_head_weight: torch.Tensor,
     normalizer: float,
     attention: str,
-) -> StepResult:
+) -> BatchLoss:
     """Forward ``model`` (possibly wrapped) on ``batch`` and compute the weighted CE + TV + confidence loss."""
     drafter = unwrap(model)
     out = model(batch, attention=attention)
     labels = batch.labels[batch.supervised_mask]
-    if cfg.drafter.kind == "eagle3":
-        weights = drafter.step_weights(cfg.drafter.block_size).to(out.slot_index.device)[out.slot_index]
-        draft_to_target = None if drafter.draft_vocab.is_full else drafter.draft_vocab.target_ids.to(labels.device)
-        markov_w2 = None
-    else:
-        weights = decay_weights(out.slot_index, cfg.loss.gamma_decay)
-        draft_to_target = None
-        markov_w2 = drafter.markov_head.markov_w2.weight if out.markov_rows is not None else None
+    inputs = kind_spec(cfg.drafter.kind).loss_inputs(drafter, out, cfg)
     loss = selected_logit_loss(
         out.hidden,
         drafter.lm_head.weight,
         batch.target_hidden,
         target_head_weight,
         labels,
-        weights.to(out.hidden.device),
+        inputs.weights.to(out.hidden.device),
         markov_rows=out.markov_rows,
-        markov_w2=markov_w2,
-        conf_logits=getattr(out, "conf_logits", None),
-        draft_to_target=draft_to_target,
+        markov_w2=inputs.markov_w2,
+        conf_logits=out.conf_logits,
+        draft_to_target=inputs.draft_to_target,
         temperature=cfg.loss.temperature,
         alpha_ce=cfg.loss.alpha_ce,
         alpha_tv=cfg.loss.alpha_tv,
@@ -68,4 +61,4 @@ def drafter_loss(
         chunk_size=cfg.loss.chunk_size,
         normalizer=normalizer,
     )
-    return StepResult(loss=loss, slot_index=out.slot_index, supervised_mask=batch.supervised_mask)
+    return BatchLoss(loss=loss, slot_index=out.slot_index, supervised_mask=batch.supervised_mask)

@@ -1,0 +1,136 @@
+"""The pieces every training job is assembled from, whether the target runs colocated or on target workers.
+
+- data: the tokenised, cached ``train`` / ``validation`` datasets (``load_token_datasets``);
+- the plan: steps (``total_steps_for``), packing (``packing_spec``), the attention backend;
+- feature sources: a drafter rank's training source and fixed validation share over a tapped target
+  (``train_source``, ``validation_share``), built the same way by a colocated rank for itself and by a target
+  worker for each drafter it feeds, so both modes see the same batches;
+- the end of every job: ``train_and_finish`` (metrics sink -> trainer -> fit -> trained-drafter files ->
+  summary), run by the colocated ranks and by the drafter workers alike.
+
+Order matters for failing fast: the output directory and resolved config come first (``jobs.run``), then data
+(tokenised and cached), then the target and the drafter, then the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from deepspec_train.config.loader import config_to_dict
+from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.data.token_shards import build_token_dataset
+from deepspec_train.formats.trained_drafter import write_trained_drafter
+from deepspec_train.logging_utils.metrics_sink import get_logger, make_sink
+from deepspec_train.target.hidden_states import TargetTap
+from deepspec_train.target.loading import load_tokenizer
+from deepspec_train.training.distributed import DistContext, barrier
+from deepspec_train.training.feature_source import FeatureSource, InProcessFeatureSource, PackingSpec, ValidationShare
+from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
+
+log = get_logger("deepspec_train.run")
+
+
+def resolve_attention(ctx: DistContext) -> str:
+    """flex attention (BlockMask, never a dense [Q, KV] mask) on GPU; the dense-mask SDPA path on CPU."""
+    return "flex" if ctx.device.type == "cuda" else "sdpa"
+
+
+def total_steps_for(cfg: RecipeConfig, num_sequences: int) -> int:
+    if cfg.train.max_steps is not None:
+        return cfg.train.max_steps
+    steps_per_epoch = num_sequences // cfg.train.global_batch_sequences
+    return max(1, int(math.floor(steps_per_epoch * cfg.train.epochs)))
+
+
+def packing_spec(cfg: RecipeConfig) -> PackingSpec:
+    return PackingSpec(
+        block_size=cfg.drafter.block_size,
+        num_anchors=cfg.anchors.num_per_sequence,
+        token_budget=cfg.anchors.token_budget,
+        mask_token_id=cfg.drafter.mask_token_id,
+        label_convention=cfg.drafter.labels,
+    )
+
+
+def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
+    """Tokenised ``train`` (required) and ``validation`` (optional) datasets, cached on disk."""
+    tokenizer = load_tokenizer(cfg.target)
+    datasets = {}
+    for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
+        if not sources:
+            continue
+        # Rank 0 tokenises and fills the cache first; the other ranks then read the cache instead of redoing it.
+        for building in (True, False):
+            if building == ctx.is_main:
+                dataset, summary = build_token_dataset(
+                    sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
+                    split=cfg.data.split, progress=ctx.is_main,
+                    chat_template_kwargs={"enable_thinking": cfg.data.enable_thinking},
+                    num_workers=cfg.data.num_workers,
+                )
+            barrier(ctx)
+        log.info("%s data: %s", split, summary.format())
+        datasets[split] = dataset
+    if "train" not in datasets:
+        raise SystemExit("error: data.train names no data")
+    return datasets
+
+
+def train_source(
+    cfg: RecipeConfig, rows, tap: TargetTap, rank: int, world_size: int, device: torch.device
+) -> InProcessFeatureSource:
+    """The training batches of drafter ``rank`` of ``world_size``: its strided share of every step."""
+    return InProcessFeatureSource(
+        rows, tap, packing_spec(cfg), cfg.train.global_batch_sequences, cfg.train.micro_batch_sequences,
+        cfg.run.seed, rank, world_size, device,
+    )
+
+
+def validation_share(
+    cfg: RecipeConfig, rows, tap: TargetTap, rank: int, world_size: int, device: torch.device
+) -> ValidationShare:
+    """Drafter ``rank``'s share of the first ``train.eval_sequences`` validation rows."""
+    val_rows = rows.select(range(min(cfg.train.eval_sequences, len(rows))))
+    # Validation anchors use their own seed and a fixed order, so every evaluation sees the same blocks.
+    source = InProcessFeatureSource(
+        val_rows, tap, packing_spec(cfg), world_size, cfg.train.micro_batch_sequences, cfg.run.seed + 1,
+        rank, world_size, device, shuffle=False,
+    )
+    return ValidationShare(source, list(range(len(val_rows)))[rank::world_size])
+
+
+def train_and_finish(
+    cfg: RecipeConfig,
+    ctx: DistContext,
+    drafter: nn.Module,
+    target_head_weight: torch.Tensor,
+    source: FeatureSource,
+    validation,
+    total_steps: int,
+    out_dir: Path,
+) -> TrainSummary:
+    """Train ``drafter`` on ``source`` (``validation``: a callable giving this rank's validation batches, or None),
+    then write the trained drafter and the summary (main rank) and close the metrics sink."""
+    sink = make_sink(out_dir, cfg.logging, cfg.run.name, config_to_dict(cfg), ctx.is_main)
+    if ctx.is_main:
+        n_train = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+        log.info("drafter %s: %.2fM trainable parameters; %d steps", cfg.drafter.kind, n_train / 1e6, total_steps)
+    trainer = DrafterTrainer(
+        cfg, drafter, target_head_weight, source, validation, sink, ctx, total_steps, resolve_attention(ctx)
+    )
+    summary = trainer.fit()
+    if ctx.is_main:
+        write_trained_drafter(drafter, cfg, out_dir / "drafter")
+        (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+        log.info(
+            "done: %d steps in %.0f s, final loss %.4f, val E[L] %s", summary.steps, summary.seconds,
+            summary.final_loss, f"{summary.val_metrics.get('val/expected_len', float('nan')):.3f}",
+        )
+    sink.finish()
+    return summary

@@ -1,0 +1,30 @@
+"""The colocated job (``topology.target_workers=0``): every process loads the data and the frozen target, computes
+its own features and trains its data-parallel drafter replica on them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.jobs.assembly import (
+    load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
+)
+from deepspec_train.models.factory import build_drafter
+from deepspec_train.target.hidden_states import TargetTap
+from deepspec_train.target.loading import load_target_model
+from deepspec_train.training.distributed import DistContext
+from deepspec_train.training.trainer import TrainSummary
+
+
+def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
+    datasets = load_token_datasets(cfg, ctx)
+    target = load_target_model(cfg.target, ctx.device)
+    tap = TargetTap(target, cfg.target.layer_ids)
+    drafter = build_drafter(cfg, target, datasets["train"]).to(ctx.device)
+    head_weight = target.get_output_embeddings().weight.detach()
+    source = train_source(cfg, datasets["train"], tap, ctx.rank, ctx.world_size, ctx.device)
+    validation = None
+    if "validation" in datasets:
+        validation = validation_share(cfg, datasets["validation"], tap, ctx.rank, ctx.world_size, ctx.device).batches
+    total_steps = total_steps_for(cfg, len(datasets["train"]))
+    return train_and_finish(cfg, ctx, drafter, head_weight, source, validation, total_steps, out_dir)

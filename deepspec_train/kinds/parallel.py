@@ -1,0 +1,159 @@
+"""The parallel drafter kinds: DSpark (Markov and confidence heads on) and DFlash (both off), one module class.
+
+Both draft a whole block in one backbone pass (``ParallelDrafter``); one draft costs ``num_layers`` sequential
+layer passes (DSpark's Markov loop adds only a rank-``r`` lookup per slot). They share the DSpark label
+convention; a DFlash trained with z-lab labels (slot ``j >= 1`` predicts ``x_{a+j}``) is the only drafter that
+exports in z-lab's own layout. Their loss weights slot ``k`` (0-based) by ``exp(-k / gamma_decay)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import fields
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.evaluation.drafting import BlockDrafter, ParallelBlockDrafter
+from deepspec_train.kinds.spec import DrafterKind, LossInputs
+from deepspec_train.losses.position_weights import decay_weights
+from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.models.parallel_drafter import DrafterOutput, ParallelDrafter
+
+# Settings of DrafterConfig that only EAGLE-3 reads: a parallel drafter must leave them at their defaults.
+_EAGLE3_ONLY = ("ttt_steps", "ttt_decay", "draft_vocab_size")
+
+
+def _unused_settings(cfg: DrafterConfig, names: tuple[str, ...]) -> list[str]:
+    defaults = {f.name: f.default for f in fields(DrafterConfig)}
+    return [
+        f"drafter.{name} = {getattr(cfg, name)!r} is not used by drafter.kind={cfg.kind} (leave it unset)"
+        for name in names
+        if getattr(cfg, name) != defaults[name]
+    ]
+
+
+def _dspark_problems(cfg: RecipeConfig) -> list[str]:
+    d = cfg.drafter
+    problems = _unused_settings(d, _EAGLE3_ONLY)
+    if d.markov_rank <= 0:
+        problems.append(f"drafter.kind=dspark needs drafter.markov_rank > 0, got {d.markov_rank} (use kind=dflash for rank 0)")
+    if d.labels != "dspark":
+        problems.append(f"drafter.labels={d.labels} is DFlash's own convention: only with drafter.kind=dflash")
+    return problems
+
+
+def _dflash_problems(cfg: RecipeConfig) -> list[str]:
+    d = cfg.drafter
+    problems = _unused_settings(d, _EAGLE3_ONLY)
+    if d.markov_rank != 0 or d.confidence_head:
+        problems.append(
+            f"drafter.kind=dflash needs drafter.markov_rank=0 and drafter.confidence_head=false, got "
+            f"{d.markov_rank} and {str(d.confidence_head).lower()}"
+        )
+    if d.labels == "zlab" and d.block_size < 2:
+        problems.append(f"drafter.labels=zlab drafts block_size - 1 tokens: drafter.block_size must be >= 2, got {d.block_size}")
+    return problems
+
+
+def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
+           token_counts: Optional[torch.Tensor]) -> nn.Module:
+    return ParallelDrafter(geometry, drafter_cfg, layer_ids)
+
+
+def _build_from_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
+                      state: Mapping[str, torch.Tensor]) -> nn.Module:
+    return ParallelDrafter(geometry, drafter_cfg, layer_ids)
+
+
+def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
+                    state: MutableMapping[str, torch.Tensor]) -> None:
+    """Every tensor of a parallel drafter is stored or comes from the target."""
+
+
+def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+    return {"embed_tokens.weight": embed, "lm_head.weight": lm_head}
+
+
+def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
+    markov_w2 = module.markov_head.markov_w2.weight if output.markov_rows is not None else None
+    return LossInputs(decay_weights(output.slot_index, cfg.loss.gamma_decay), None, markov_w2)
+
+
+def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
+    if not isinstance(module, ParallelDrafter):
+        raise TypeError(f"a parallel drafter kind needs a ParallelDrafter, got {type(module).__name__}")
+    return ParallelBlockDrafter(module, labels)
+
+
+def _sequential_passes(cfg: DrafterConfig) -> int:
+    return cfg.num_layers
+
+
+def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], supervised: int) -> float:
+    """Forward + backward FLOPs of one nominal sequence: every block slot goes through the backbone layers, every
+    context row through ``fc`` and each layer's k/v projections, each slot attends to the context before its
+    anchor and to its block; at each supervised slot the frozen LM head (forward + input gradient), the target
+    LM head (forward) and the Markov factor ``W2`` (trainable)."""
+    d, hd, block = geometry.hidden_size, geometry.head_dim, cfg.drafter.block_size
+    q, kv = geometry.num_attention_heads * hd, geometry.num_key_value_heads * hd
+    layers, taps = cfg.drafter.num_layers, len(cfg.target.layer_ids)
+    layer = d * (q + 2 * kv) + q * d + 3 * d * geometry.intermediate_size
+    context_projection = taps * d * d + layers * 2 * d * kv
+    visible = sum((a + block) * block for a in anchors)
+    vocab = geometry.vocab_size
+    heads = supervised * (3 * 2 * d * vocab + 3 * 2 * cfg.drafter.markov_rank * vocab)
+    linear = 2 * (layer * layers * len(anchors) * block + context_projection * max(anchors))
+    attention = 4 * geometry.num_attention_heads * hd * visible * layers
+    return 3 * (linear + attention) + heads
+
+
+def _dspark_layouts(labels: str) -> tuple[str, ...]:
+    return ("dspark",) if labels == "dspark" else ()
+
+
+def _dflash_layouts(labels: str) -> tuple[str, ...]:
+    # A DSpark-label DFlash is DeepSpec's DFlash: the DSpark layout with Markov rank 0; z-lab labels only z-lab's.
+    return ("dspark",) if labels == "dspark" else ("zlab-dflash",)
+
+
+def _reads_dspark_export(layout: str, config: Mapping[str, Any]) -> bool:
+    return layout == "dspark" and int(config.get("markov_rank", 0)) > 0
+
+
+def _reads_dflash_export(layout: str, config: Mapping[str, Any]) -> bool:
+    return layout == "zlab-dflash" or (layout == "dspark" and int(config.get("markov_rank", 0)) == 0)
+
+
+_SHARED = dict(
+    needs_token_counts=False,
+    uses_mask_token=True,
+    build=_build,
+    build_from_state=_build_from_state,
+    complete_state=_complete_state,
+    frozen_head_state=_frozen_heads,
+    loss_inputs=_loss_inputs,
+    block_drafter=_block_drafter,
+    sequential_passes=_sequential_passes,
+    flops_per_sequence=_flops,
+)
+
+DSPARK = DrafterKind(
+    name="dspark",
+    summary="parallel backbone + low-rank Markov head + confidence head",
+    recipe_problems=_dspark_problems,
+    layouts=_dspark_layouts,
+    reads_export=_reads_dspark_export,
+    **_SHARED,
+)
+
+DFLASH = DrafterKind(
+    name="dflash",
+    summary="parallel backbone only (Markov and confidence heads off)",
+    recipe_problems=_dflash_problems,
+    layouts=_dflash_layouts,
+    reads_export=_reads_dflash_export,
+    **_SHARED,
+)

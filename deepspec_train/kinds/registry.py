@@ -1,0 +1,28 @@
+"""The drafter kinds the pipeline knows, by name: ``kind_spec(cfg.drafter.kind)`` is how every other module asks
+a question whose answer depends on the kind (see ``kinds.spec``). A new kind is one more record here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from deepspec_train.kinds.eagle3 import EAGLE3
+from deepspec_train.kinds.parallel import DFLASH, DSPARK
+from deepspec_train.kinds.spec import DrafterKind
+
+KINDS: dict[str, DrafterKind] = {spec.name: spec for spec in (DSPARK, DFLASH, EAGLE3)}
+
+
+def kind_spec(name: str) -> DrafterKind:
+    """The record of drafter kind ``name``; a one-line error naming the known kinds otherwise."""
+    if name not in KINDS:
+        raise ValueError(f"unknown drafter kind {name!r}; known kinds: {', '.join(KINDS)}")
+    return KINDS[name]
+
+
+def kind_of_export(layout: str, config: Mapping[str, Any]) -> DrafterKind:
+    """The kind of drafter an export config in ``layout`` holds."""
+    matches = [spec for spec in KINDS.values() if spec.reads_export(layout, config)]
+    if len(matches) != 1:
+        raise ValueError(f"a {layout} export config matches {len(matches)} drafter kinds: {[s.name for s in matches]}")
+    return matches[0]

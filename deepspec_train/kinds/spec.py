@@ -1,0 +1,85 @@
+"""What a drafter kind is to the rest of the pipeline: one ``DrafterKind`` record per kind.
+
+Every decision that depends on the kind of drafter (DSpark, DFlash, EAGLE-3, or a future one) goes through the
+record of that kind instead of a ``kind == ...`` switch: which recipe settings it accepts, how its module is
+built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
+selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
+costs, its FLOPs for sizing, and which serving layouts it exports to. The records themselves live next to the
+models they describe (``kinds/parallel.py``, ``kinds/eagle3.py``); ``kinds/registry.py`` looks them up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch import nn
+
+from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.models.geometry import DrafterGeometry
+
+if TYPE_CHECKING:
+    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.parallel_drafter import DrafterOutput
+
+
+@dataclass
+class LossInputs:
+    """The kind-specific arguments of ``selected_logit_loss`` for one forward's supervised rows."""
+
+    weights: torch.Tensor
+    draft_to_target: Optional[torch.Tensor]
+    markov_w2: Optional[torch.Tensor]
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    """One drafter kind; see the module docstring. All callables are pure functions of their arguments.
+
+    - ``recipe_problems(cfg)``: one-line messages for recipe settings this kind cannot train as asked (settings it
+      does not use must hold their neutral value); empty when the recipe is fine. Needs the recipe only.
+    - ``build(drafter_cfg, geometry, layer_ids, token_counts)``: the untrained module (random weights, frozen
+      heads not loaded). ``token_counts`` (``[V]`` supervised-token counts of the training data) is given when
+      ``needs_token_counts``, else None.
+    - ``build_from_state(drafter_cfg, geometry, layer_ids, state)``: the module a checkpoint ``state`` fills
+      (called on the meta device), e.g. sized by the draft-vocabulary maps stored in it.
+    - ``complete_state(drafter_cfg, geometry, state)``: adds to a checkpoint ``state`` (in place) the tensors a
+      checkpoint may leave out because they follow from the config (EAGLE-3's identity maps of a full vocabulary).
+    - ``frozen_head_state(embed, lm_head)``: the module's frozen copies of the target's heads, by tensor name.
+    - ``loss_inputs(module, output, cfg)``: position weights, draft-vocabulary map and Markov factor for the loss.
+    - ``block_drafter(module, labels)``: the evaluator's drafting strategy for a loaded module.
+    - ``sequential_passes(drafter_cfg)``: decoder-layer passes one drafted block needs one after the other.
+    - ``flops_per_sequence(cfg, geometry, seq_len, anchors)``: forward + backward FLOPs of one nominal sequence.
+    - ``layouts(labels)``: the serving layouts a drafter trained with ``labels`` exports to, default first.
+    - ``reads_export(layout, config)``: whether an export config in ``layout`` holds a drafter of this kind.
+    """
+
+    name: str
+    summary: str
+    needs_token_counts: bool
+    # Whether the drafter's block input holds mask tokens (``drafter.mask_token_id``) after the anchor.
+    uses_mask_token: bool
+    recipe_problems: Callable[[RecipeConfig], list[str]]
+    build: Callable[[DrafterConfig, DrafterGeometry, list[int], Optional[torch.Tensor]], nn.Module]
+    build_from_state: Callable[[DrafterConfig, DrafterGeometry, list[int], Mapping[str, torch.Tensor]], nn.Module]
+    complete_state: Callable[[DrafterConfig, DrafterGeometry, MutableMapping[str, torch.Tensor]], None]
+    frozen_head_state: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+    loss_inputs: Callable[[nn.Module, "DrafterOutput", RecipeConfig], LossInputs]
+    block_drafter: Callable[[nn.Module, str], "BlockDrafter"]
+    sequential_passes: Callable[[DrafterConfig], int]
+    flops_per_sequence: Callable[[RecipeConfig, DrafterGeometry, int, int], float]
+    layouts: Callable[[str], tuple[str, ...]]
+    reads_export: Callable[[str, Mapping[str, Any]], bool]
+
+    def load_frozen_heads(self, module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+        """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""
+        wanted = self.frozen_head_state(embed, lm_head)
+        current = dict(module.named_parameters())
+        with torch.no_grad():
+            for name, value in wanted.items():
+                target = current[name]
+                if tuple(value.shape) != tuple(target.shape):
+                    raise ValueError(f"target {name} is {tuple(value.shape)}, the drafter expects {tuple(target.shape)}")
+                target.copy_(value)

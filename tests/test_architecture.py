@@ -1,0 +1,131 @@
+"""Structural rules of the package, checked on its source: imports go one way (no module imports itself back
+through others, function-level imports included), and decisions on the drafter kind go through the kind
+registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches and ``isinstance`` tests on drafter
+classes scattered over the code."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "deepspec_train"
+KIND_NAMES = {"dspark", "dflash", "eagle3"}
+DRAFTER_CLASSES = {"ParallelDrafter", "Eagle3Drafter"}
+# The only modules that may name a drafter kind: the recipe schema (its allowed values) and the kind records.
+KIND_PLACES = {"config/schema.py", "kinds/parallel.py", "kinds/eagle3.py"}
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules[name] = path
+    return modules
+
+
+def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        found.update(name for name in names if name in modules)
+    return found
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, result, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                result.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return result
+
+
+def test_no_import_circle_in_the_package() -> None:
+    modules = _modules()
+    # A package's __init__ is imported with each of its modules; edges into it are not a circle by themselves.
+    graph = {
+        name: {dep for dep in _imports(path, modules) if not PACKAGE.joinpath(*dep.split(".")[1:], "__init__.py").exists()}
+        for name, path in modules.items()
+    }
+    assert _cycles(graph) == []
+
+
+def _kind_decisions(tree: ast.AST) -> list[int]:
+    """Lines that compare a kind to a kind name, index a kind-keyed mapping by a kind, build a config with a
+    literal kind, or test a drafter class."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            literals = [
+                elt for op in operands
+                for elt in (op.elts if isinstance(op, (ast.Tuple, ast.List, ast.Set)) else [op])
+                if isinstance(elt, ast.Constant) and elt.value in KIND_NAMES
+            ]
+            kind_side = any("kind" in ast.unparse(op) for op in operands)
+            if literals and kind_side:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Dict):
+            keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+            if keys & KIND_NAMES and "kind" in ast.unparse(node.slice):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
+            if any(name in ast.unparse(node.args[1]) for name in DRAFTER_CLASSES):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.keyword) and node.arg == "kind" and isinstance(node.value, ast.Constant):
+            if node.value.value in KIND_NAMES:
+                lines.append(node.value.lineno)
+    return sorted(lines)
+
+
+def test_drafter_kind_decisions_go_through_the_registry() -> None:
+    offenders = {}
+    for name, path in _modules().items():
+        relative = str(path.relative_to(PACKAGE))
+        if relative in KIND_PLACES:
+            continue
+        lines = _kind_decisions(ast.parse(path.read_text()))
+        if lines:
+            offenders[relative] = lines
+    assert offenders == {}
+    assert len(KIND_PLACES) <= 3
+
+
+def test_the_kind_check_finds_a_switch() -> None:
+    """The scan above must catch the patterns it forbids (else it would pass on anything)."""
+    source = (
+        "if cfg.drafter.kind == 'eagle3':\n    pass\n"
+        "x = isinstance(module, Eagle3Drafter)\n"
+        "y = {'dspark': 1, 'eagle3': 2}[cfg.drafter.kind]\n"
+        "z = DrafterConfig(kind='dflash')\n"
+        "w = loaded.kind in ('dspark', 'dflash')\n"
+    )
+    assert _kind_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
