@@ -41,7 +41,8 @@ def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, 
 def main(argv: Optional[list[str]] = None) -> int:
     try:
         recipe, overrides = parse_command_line(sys.argv[1:] if argv is None else argv)
-        cfg = load_recipe(recipe, overrides)
+        # Tokenising reads the target's tokenizer only: the rules that tie taps to its layers do not apply yet.
+        cfg = load_recipe(recipe, overrides, check_target=False)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -237,7 +237,7 @@ def sizing_row(recipe: str, seq_len: int, flops_per_s: float = ASSUMED_FLOPS_PER
     from deepspec_train.config.loader import load_recipe
     from deepspec_train.models.geometry import geometry_from_target_config
 
-    cfg = load_recipe(recipe)
+    cfg = load_recipe(recipe, check_target=False)
     hf_config = reference_target_config(cfg)
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
     drafter = meta_drafter(cfg, hf_config)

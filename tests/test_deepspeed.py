@@ -73,7 +73,8 @@ def assert_same_tensors(expected: dict[str, torch.Tensor], got: dict[str, torch.
 
 def test_resolved_config_overlays_recipe_on_launch_file(tmp_path) -> None:
     cfg = load_recipe("tiny-dspark", ["train.grad_clip=0.5", "train.global_batch_sequences=12",
-                                      "train.micro_batch_sequences=2", "train.mixed_precision=bf16"])
+                                      "train.micro_batch_sequences=2", "train.mixed_precision=bf16"],
+                      check_target=False)
     resolved = resolve_deepspeed_config(cfg, 4, torch.device("cpu"))
     launch = json.loads((REPO / "launch" / "deepspeed" / "zero2.json").read_text())
     assert resolved["zero_optimization"] == launch["zero_optimization"]

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
@@ -320,8 +321,13 @@ def test_rejects_inconsistent_recipes() -> None:
         Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=5), [1, 3, 4], vocab)
     with pytest.raises(ValueError):
         Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=1, block_size=7, ttt_steps=5), [1, 3, 4], vocab)
-    with pytest.raises(ValueError):
-        Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=1), [1, 3], vocab)
+    two_taps = RecipeConfig(
+        drafter=DrafterConfig(kind="eagle3", num_layers=1, markov_rank=0, confidence_head=False),
+        target=TargetConfig(layer_ids=[1, 3]),
+    )
+    assert kind_spec("eagle3").recipe_problems(two_taps) == [
+        "drafter.kind=eagle3 fuses exactly 3 target layers: target.layer_ids has 2 ([1, 3])"
+    ]
 
 
 # ---------------------------------------------------------------- Qwen3 sizes on the meta device

@@ -43,7 +43,7 @@ def _model_name(recipe: str) -> str:
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_has_design_values(recipe: str) -> None:
-    cfg = load_recipe(recipe)
+    cfg = load_recipe(recipe, check_target=False)
     path = REPO / "recipes" / f"{recipe}.yaml"
     assert path.read_text().splitlines()[0] == f"# Launch: accelerate launch train.py recipe={recipe}"
     assert cfg.run.name == recipe
@@ -73,7 +73,7 @@ def test_recipe_has_design_values(recipe: str) -> None:
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_drafter_instantiates_on_meta_device(recipe: str) -> None:
-    cfg = load_recipe(recipe)
+    cfg = load_recipe(recipe, check_target=False)
     hf_config = reference_target_config(cfg)
     drafter = meta_drafter(cfg, hf_config)
     params = dict(drafter.named_parameters())
@@ -92,7 +92,7 @@ def test_drafter_instantiates_on_meta_device(recipe: str) -> None:
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_streamed_payload_per_recipe(recipe: str) -> None:
     """One 2048-token sequence with 512 anchors fits one micro-batch: the bytes follow in closed form."""
-    cfg = load_recipe(recipe)
+    cfg = load_recipe(recipe, check_target=False)
     hf_config = reference_target_config(cfg)
     geometry = geometry_from_target_config(hf_config)
     seq_len, anchors = 2048, 512

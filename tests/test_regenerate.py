@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.config.schema import RegenerateConfig
+from deepspec_train.regenerate.settings import RegenerateConfig
 from deepspec_train.regenerate import cli
 from deepspec_train.regenerate.backend import GenerationError
 from deepspec_train.regenerate.http_backend import OpenAIChatBackend, chat_completions_url, parse_answer

@@ -1,8 +1,11 @@
 """Load a YAML recipe plus ``dotted.key=value`` overrides into a validated ``RecipeConfig``.
 
 Everything is checked before any model loads: a missing recipe, an unknown key or a value of the wrong type
-raises ``ConfigError`` with a one-line message naming the file or key and the closest valid name. A recipe may
-name another as ``base:``; its keys are merged under the recipe's own.
+raises ``ConfigError`` with a one-line message naming the file or key and the closest valid name, and so does a
+value the rules of ``config.rules`` refuse (ranges, kind-specific settings, the target's layer count and
+vocabulary read from its ``config.json``). A recipe may name another as ``base:``; its keys are merged under the
+recipe's own. Sections that belong to another verb (``regenerate``) are left to that verb
+(``load_recipe_section``).
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from deepspec_train.config.rules import read_target_config, recipe_problems, target_problems
 from deepspec_train.config.schema import RecipeConfig
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
+# Top-level recipe sections read by other verbs than training, which validate them themselves.
+OTHER_VERB_SECTIONS = ("regenerate",)
 
 
 class ConfigError(ValueError):
@@ -187,17 +193,41 @@ def _build(cls: type, data: Any, prefix: str, source: str) -> Any:
     return cls(**kwargs)
 
 
-def load_recipe(name_or_path: str, overrides: list[str] | None = None) -> RecipeConfig:
-    """Find, merge, override and validate a recipe."""
+def _training_sections(data: dict) -> dict:
+    return {key: value for key, value in data.items() if key not in OTHER_VERB_SECTIONS}
+
+
+def load_recipe(name_or_path: str, overrides: list[str] | None = None, check_target: bool = True) -> RecipeConfig:
+    """Find, merge, override and validate a recipe: types first, then the rules of ``config.rules``.
+
+    ``check_target`` also reads the target's ``config.json`` (never its weights) for the rules that need it; tools
+    that only look at a recipe's shape (sizing, data preparation) leave it off.
+    """
     path = find_recipe(name_or_path)
-    data = _read_yaml(path)
+    data = _training_sections(_read_yaml(path))
     cfg = _build(RecipeConfig, data, "", f"recipe {path}")
     if overrides:
         merged = _deep_merge(dataclasses.asdict(cfg), parse_overrides(overrides))
         # Overrides are validated against the schema separately so the message names the override.
         _build(RecipeConfig, parse_overrides(overrides), "", "override")
         cfg = _build(RecipeConfig, merged, "", "override")
+    problems = recipe_problems(cfg)
+    if check_target and not problems:
+        try:
+            problems = target_problems(cfg, read_target_config(cfg.target.path))
+        except (OSError, ValueError) as exc:
+            problems = [str(exc)]
+    if problems:
+        raise ConfigError(f"recipe {path.stem}: " + "; ".join(problems))
     return cfg
+
+
+def load_recipe_section(name_or_path: str, section: str, cls: type) -> Any:
+    """One section of a recipe that another verb reads (e.g. ``regenerate``), validated against ``cls``; the
+    defaults of ``cls`` when the recipe has none."""
+    path = find_recipe(name_or_path)
+    data = _read_yaml(path).get(section, {})
+    return _build(cls, data, section, f"recipe {path}")
 
 
 def config_to_dict(cfg: RecipeConfig) -> dict:

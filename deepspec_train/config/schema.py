@@ -128,21 +128,6 @@ class LoggingConfig:
 
 
 @dataclass
-class RegenerateConfig:
-    temperature: float = 0.7
-    top_p: float = 0.8
-    top_k: int = 20
-    max_new_tokens: int = 4096
-    enable_thinking: bool = False
-    endpoints: list[str] = field(default_factory=list)
-    model: str = ""
-    concurrency: int = 16
-    retries: int = 3
-    timeout_s: float = 600.0
-    batch_size: int = 16
-
-
-@dataclass
 class RecipeConfig:
     run: RunConfig = field(default_factory=RunConfig)
     target: TargetConfig = field(default_factory=TargetConfig)
@@ -154,4 +139,3 @@ class RecipeConfig:
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     stream: StreamConfig = field(default_factory=StreamConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    regenerate: RegenerateConfig = field(default_factory=RegenerateConfig)

@@ -10,20 +10,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import fields
-from typing import Any, Optional
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
-from deepspec_train.evaluation.drafting import BlockDrafter, Eagle3BlockDrafter
 from deepspec_train.kinds.spec import DrafterKind, LossInputs
-from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab
-from deepspec_train.models.eagle3_drafter import NUM_FUSED_LAYERS, Eagle3Drafter
 from deepspec_train.models.geometry import DrafterGeometry
-from deepspec_train.models.parallel_drafter import DrafterOutput
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.parallel_drafter import DrafterOutput
 
 NAME = "eagle3"
+# Low / mid / high target layers, fused by ``fc``.
+NUM_FUSED_LAYERS = 3
 
 
 def _problems(cfg: RecipeConfig) -> list[str]:
@@ -58,17 +60,29 @@ def _problems(cfg: RecipeConfig) -> list[str]:
 
 def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
            token_counts: Optional[torch.Tensor]) -> nn.Module:
+    import torch
+
+    from deepspec_train.models.draft_vocab import build_draft_vocab
+    from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+
     counts = token_counts if token_counts is not None else torch.ones(geometry.vocab_size, dtype=torch.long)
     return Eagle3Drafter(geometry, drafter_cfg, layer_ids, build_draft_vocab(counts, drafter_cfg.draft_vocab_size))
 
 
 def _build_from_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
                       state: Mapping[str, torch.Tensor]) -> nn.Module:
+    from deepspec_train.models.draft_vocab import DraftVocab
+    from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+
     return Eagle3Drafter(geometry, drafter_cfg, layer_ids, DraftVocab(d2t=state["d2t"], t2d=state["t2d"]))
 
 
 def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
                     state: MutableMapping[str, torch.Tensor]) -> None:
+    import torch
+
+    from deepspec_train.models.draft_vocab import build_draft_vocab
+
     if "d2t" in state and "t2d" in state:
         return
     size = drafter_cfg.draft_vocab_size
@@ -91,6 +105,9 @@ def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) ->
 
 
 def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
+    from deepspec_train.evaluation.drafting import Eagle3BlockDrafter
+    from deepspec_train.models.eagle3_drafter import Eagle3Drafter
+
     if not isinstance(module, Eagle3Drafter):
         raise TypeError(f"drafter.kind={NAME} needs an Eagle3Drafter, got {type(module).__name__}")
     return Eagle3BlockDrafter(module)

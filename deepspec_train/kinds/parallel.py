@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import fields
-from typing import Any, Optional
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
-from deepspec_train.evaluation.drafting import BlockDrafter, ParallelBlockDrafter
 from deepspec_train.kinds.spec import DrafterKind, LossInputs
-from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.models.geometry import DrafterGeometry
-from deepspec_train.models.parallel_drafter import DrafterOutput, ParallelDrafter
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.parallel_drafter import DrafterOutput
 
 # Settings of DrafterConfig that only EAGLE-3 reads: a parallel drafter must leave them at their defaults.
 _EAGLE3_ONLY = ("ttt_steps", "ttt_decay", "draft_vocab_size")
@@ -60,12 +61,14 @@ def _dflash_problems(cfg: RecipeConfig) -> list[str]:
 
 def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
            token_counts: Optional[torch.Tensor]) -> nn.Module:
+    from deepspec_train.models.parallel_drafter import ParallelDrafter
+
     return ParallelDrafter(geometry, drafter_cfg, layer_ids)
 
 
 def _build_from_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
                       state: Mapping[str, torch.Tensor]) -> nn.Module:
-    return ParallelDrafter(geometry, drafter_cfg, layer_ids)
+    return _build(drafter_cfg, geometry, layer_ids, None)
 
 
 def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
@@ -78,11 +81,16 @@ def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch
 
 
 def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
+    from deepspec_train.losses.position_weights import decay_weights
+
     markov_w2 = module.markov_head.markov_w2.weight if output.markov_rows is not None else None
     return LossInputs(decay_weights(output.slot_index, cfg.loss.gamma_decay), None, markov_w2)
 
 
 def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
+    from deepspec_train.evaluation.drafting import ParallelBlockDrafter
+    from deepspec_train.models.parallel_drafter import ParallelDrafter
+
     if not isinstance(module, ParallelDrafter):
         raise TypeError(f"a parallel drafter kind needs a ParallelDrafter, got {type(module).__name__}")
     return ParallelBlockDrafter(module, labels)

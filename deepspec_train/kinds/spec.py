@@ -4,8 +4,12 @@ Every decision that depends on the kind of drafter (DSpark, DFlash, EAGLE-3, or 
 record of that kind instead of a ``kind == ...`` switch: which recipe settings it accepts, how its module is
 built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
 selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
-costs, its FLOPs for sizing, and which serving layouts it exports to. The records themselves live next to the
-models they describe (``kinds/parallel.py``, ``kinds/eagle3.py``); ``kinds/registry.py`` looks them up.
+costs, its FLOPs for sizing, and which serving layouts it exports to. The records themselves live in
+``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
+
+The kind modules import torch and the model code only inside their functions: recipe validation
+(``config.loader``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
+before torch is imported.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-from torch import nn
-
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
     from deepspec_train.evaluation.drafting import BlockDrafter
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
@@ -29,9 +33,9 @@ if TYPE_CHECKING:
 class LossInputs:
     """The kind-specific arguments of ``selected_logit_loss`` for one forward's supervised rows."""
 
-    weights: torch.Tensor
-    draft_to_target: Optional[torch.Tensor]
-    markov_w2: Optional[torch.Tensor]
+    weights: "torch.Tensor"
+    draft_to_target: "Optional[torch.Tensor]"
+    markov_w2: "Optional[torch.Tensor]"
 
 
 @dataclass(frozen=True)
@@ -62,19 +66,21 @@ class DrafterKind:
     # Whether the drafter's block input holds mask tokens (``drafter.mask_token_id``) after the anchor.
     uses_mask_token: bool
     recipe_problems: Callable[[RecipeConfig], list[str]]
-    build: Callable[[DrafterConfig, DrafterGeometry, list[int], Optional[torch.Tensor]], nn.Module]
-    build_from_state: Callable[[DrafterConfig, DrafterGeometry, list[int], Mapping[str, torch.Tensor]], nn.Module]
-    complete_state: Callable[[DrafterConfig, DrafterGeometry, MutableMapping[str, torch.Tensor]], None]
-    frozen_head_state: Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
-    loss_inputs: Callable[[nn.Module, "DrafterOutput", RecipeConfig], LossInputs]
-    block_drafter: Callable[[nn.Module, str], "BlockDrafter"]
+    build: "Callable[[DrafterConfig, DrafterGeometry, list[int], Optional[torch.Tensor]], nn.Module]"
+    build_from_state: "Callable[[DrafterConfig, DrafterGeometry, list[int], Mapping[str, torch.Tensor]], nn.Module]"
+    complete_state: "Callable[[DrafterConfig, DrafterGeometry, MutableMapping[str, torch.Tensor]], None]"
+    frozen_head_state: "Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]"
+    loss_inputs: "Callable[[nn.Module, DrafterOutput, RecipeConfig], LossInputs]"
+    block_drafter: "Callable[[nn.Module, str], BlockDrafter]"
     sequential_passes: Callable[[DrafterConfig], int]
     flops_per_sequence: Callable[[RecipeConfig, DrafterGeometry, int, int], float]
     layouts: Callable[[str], tuple[str, ...]]
     reads_export: Callable[[str, Mapping[str, Any]], bool]
 
-    def load_frozen_heads(self, module: nn.Module, embed: torch.Tensor, lm_head: torch.Tensor) -> None:
+    def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""
+        import torch
+
         wanted = self.frozen_head_state(embed, lm_head)
         current = dict(module.named_parameters())
         with torch.no_grad():

@@ -1,8 +1,9 @@
 """EAGLE-3 drafter (baseline): one autoregressive decoder layer on fused target features, trained with TTT.
 
-The drafter fuses three tapped target layers with ``fc (3d -> d)`` and runs one decoder layer (``midlayer``)
-whose attention input is ``[input_layernorm(emb(x_t)) ; hidden_norm(hidden_t)]`` (2d wide). It is trained on the
-project's anchor blocks so that it is compared with DSpark on exactly the same supervised positions:
+The drafter fuses its tapped target layers (EAGLE-3 always taps three: low, mid, high) with ``fc (3d -> d)`` and
+runs one decoder layer (``midlayer``) whose attention input is ``[input_layernorm(emb(x_t)) ; hidden_norm(hidden_t)]``
+(2d wide). It is trained on the project's anchor blocks so that it is compared with DSpark on exactly the same
+supervised positions:
 
 - Context entry ``t`` (``1 <= t <= a-1``): token ``x_t`` and fused target feature ``fc(g_{t-1})``. A
   single-layer model only needs their keys and values.
@@ -32,9 +33,6 @@ from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.parallel_drafter import DrafterOutput
 from deepspec_train.models.qwen3_layers import RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, attend
 from deepspec_train.packing.batch import PackedBatch
-
-NUM_FUSED_LAYERS = 3
-
 
 def eagle3_target_layer_ids(num_target_layers: int) -> list[int]:
     """EAGLE-3's low / mid / high taps as 0-indexed decoder-layer outputs: ``[1, L//2-1, L-4]``."""
@@ -161,8 +159,8 @@ class Eagle3Drafter(nn.Module):
         draft_vocab: DraftVocab,
     ) -> None:
         super().__init__()
-        if len(target_layer_ids) != NUM_FUSED_LAYERS:
-            raise ValueError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers, got {target_layer_ids}")
+        if not target_layer_ids:
+            raise ValueError("EAGLE-3 fuses at least one target layer, got none")
         if drafter_cfg.num_layers != 1:
             raise ValueError(f"EAGLE-3 has one decoder layer (drafter.num_layers=1), got {drafter_cfg.num_layers}")
         if drafter_cfg.ttt_steps != drafter_cfg.block_size:
@@ -181,7 +179,7 @@ class Eagle3Drafter(nn.Module):
         self.ttt_decay = drafter_cfg.ttt_decay
         self.embed_tokens = nn.Embedding(geometry.vocab_size, d)
         self.embed_tokens.weight.requires_grad_(False)
-        self.fc = nn.Linear(NUM_FUSED_LAYERS * d, d, bias=False)
+        self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
         self.midlayer = Eagle3MidLayer(geometry)
         self.norm = RMSNorm(d, geometry.rms_norm_eps)
         self.lm_head = nn.Linear(d, draft_vocab.size, bias=False)
@@ -232,9 +230,9 @@ class Eagle3Drafter(nn.Module):
         """Run TTT steps ``0..num_steps-1`` over every block; returns pre-norm hiddens ``[Nb, num_steps, d]``."""
         if batch.block_size > self.ttt_steps:
             raise ValueError(f"block size {batch.block_size} exceeds ttt_steps {self.ttt_steps}")
-        width = NUM_FUSED_LAYERS * self.geometry.hidden_size
+        width = len(self.target_layer_ids) * self.geometry.hidden_size
         if batch.ctx_features.shape[-1] != width:
-            raise ValueError(f"ctx_features width {batch.ctx_features.shape[-1]} != 3 * hidden ({width})")
+            raise ValueError(f"ctx_features width {batch.ctx_features.shape[-1]} != taps * hidden ({width})")
         dtype = self.fc.weight.dtype
         nb = batch.num_blocks
         attn = self.midlayer.self_attn

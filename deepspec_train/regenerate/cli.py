@@ -20,8 +20,9 @@ import argparse
 import os
 import sys
 
-from deepspec_train.config.loader import ConfigError, load_recipe
-from deepspec_train.config.schema import RegenerateConfig
+from deepspec_train.config.loader import ConfigError, load_recipe_section
+from deepspec_train.config.schema import TargetConfig
+from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
 from deepspec_train.regenerate.backend import ChatBackend
 from deepspec_train.regenerate.runner import MULTI_TURN_MODES, regenerate_file
 from deepspec_train.regenerate.sampling import SamplingParams
@@ -59,8 +60,9 @@ def _recipe_settings(args: argparse.Namespace) -> tuple[RegenerateConfig, str]:
     """The recipe's regenerate section and its target path (defaults when no recipe is given)."""
     if args.recipe is None:
         return RegenerateConfig(), ""
-    recipe = load_recipe(args.recipe)
-    return recipe.regenerate, recipe.target.path
+    # Only the two sections regenerate reads are validated: a recipe made for regeneration alone need not train.
+    target = load_recipe_section(args.recipe, "target", TargetConfig)
+    return load_recipe_section(args.recipe, SECTION, RegenerateConfig), target.path
 
 
 def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: str) -> ChatBackend:

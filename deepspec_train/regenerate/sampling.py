@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from deepspec_train.config.schema import RegenerateConfig
+from deepspec_train.regenerate.settings import RegenerateConfig
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """Command-line entry of training: ``recipe=NAME`` plus ``dotted.key=value`` overrides.
 
-The recipe is validated before anything heavy is imported or loaded, so a typo fails in well under a second
-with a one-line message.
+The recipe is validated before anything heavy is imported or loaded (its types, the rules of ``config.rules``,
+the target's config.json and the launch's process count), so a bad value fails in well under a second with a
+one-line message, before any data is tokenised or any weight is read.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.config.rules import launch_problems
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
 
@@ -34,6 +37,10 @@ def main(argv: list[str]) -> int:
     try:
         recipe, overrides = parse_command_line(argv)
         cfg = load_recipe(recipe, overrides)
+        # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
+        problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        if problems:
+            raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,179 @@
+"""The rules a recipe must satisfy beyond its types, checked before anything loads.
+
+Three groups, each a function returning one-line messages (empty when the recipe is fine):
+
+- ``recipe_problems``: what the recipe alone decides: ranges, enum-like strings, paths that must exist, and the
+  drafter kind's own rules (``kinds``: e.g. DFlash has no Markov head, EAGLE-3 fuses three taps, and a setting a
+  kind does not use must be left unset);
+- ``target_problems``: what needs the target's ``config.json`` (no weights): tapped layers inside the target,
+  the mask token inside its vocabulary, a draft vocabulary no larger than it;
+- ``launch_problems``: what needs the launch (world size): enough processes for the topology, sequences per
+  step that split over the drafter ranks.
+
+``config.loader.load_recipe`` runs the first two, ``training.entry`` the third; each message names the key, the
+value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Mapping
+
+from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.kinds.registry import kind_spec
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolve_repo_path(path: str) -> Path:
+    """A recipe's file path as given, else relative to the repository (recipes name ``launch/...``)."""
+    given = Path(path)
+    if given.is_file() or given.is_absolute():
+        return given
+    return REPO_ROOT / given
+
+
+def _at_least(problems: list[str], key: str, value: Any, low: float, what: str = "") -> None:
+    if value is None or value < low:
+        problems.append(f"{key} = {value!r} must be >= {low:g}{what}")
+
+
+def _positive(problems: list[str], key: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        problems.append(f"{key} = {value!r} must be a positive number")
+
+
+def _non_negative(problems: list[str], key: str, value: float) -> None:
+    if not (math.isfinite(value) and value >= 0):
+        problems.append(f"{key} = {value!r} must be a number >= 0")
+
+
+def _resume_problems(resume: str) -> list[str]:
+    if resume in ("none", "auto"):
+        return []
+    if not (Path(resume) / "trainer_state.json").is_file():
+        return [f"train.resume = {resume!r} must be 'none', 'auto' or a checkpoint directory (no trainer_state.json there)"]
+    return []
+
+
+def recipe_problems(cfg: RecipeConfig) -> list[str]:
+    """Every rule that needs only the recipe (see the module docstring)."""
+    p: list[str] = []
+    if not cfg.run.output_dir:
+        p.append("run.output_dir is empty: name the directory the run writes to")
+    if not cfg.target.path:
+        p.append("target.path is empty: name the target model directory (config.json + safetensors)")
+    ids = cfg.target.layer_ids
+    if not ids:
+        p.append("target.layer_ids is empty: name at least one target decoder layer to tap")
+    elif min(ids) < 0 or any(b < a for a, b in zip(ids, ids[1:])):
+        # Sorted, as the engines order the fused features (fc's input columns) whatever order a config lists.
+        p.append(f"target.layer_ids = {ids} must be decoder-layer ids >= 0 in increasing order")
+    if not cfg.data.train:
+        p.append("data.train is empty: name at least one training data file")
+    _at_least(p, "data.max_length", cfg.data.max_length, 2, " (a block needs an anchor and the token after it)")
+    _at_least(p, "data.num_workers", cfg.data.num_workers, 0)
+    d = cfg.drafter
+    _at_least(p, "drafter.num_layers", d.num_layers, 1)
+    _at_least(p, "drafter.block_size", d.block_size, 1)
+    _at_least(p, "drafter.markov_rank", d.markov_rank, 0)
+    _at_least(p, "drafter.mask_token_id", d.mask_token_id, 0)
+    _at_least(p, "drafter.ttt_steps", d.ttt_steps, 1)
+    if d.intermediate_size is not None:
+        _at_least(p, "drafter.intermediate_size", d.intermediate_size, 1, " (or unset: the target's MLP width)")
+    _at_least(p, "anchors.num_per_sequence", cfg.anchors.num_per_sequence, 1)
+    needed = cfg.data.max_length + d.block_size - 2
+    if cfg.anchors.token_budget < needed:
+        p.append(
+            f"anchors.token_budget = {cfg.anchors.token_budget} must be >= data.max_length + drafter.block_size - 2 "
+            f"= {needed} (the last anchor's context plus its block)"
+        )
+    loss = cfg.loss
+    for name in ("alpha_ce", "alpha_tv", "alpha_conf"):
+        _non_negative(p, f"loss.{name}", getattr(loss, name))
+    if loss.alpha_ce + loss.alpha_tv == 0:
+        p.append("loss.alpha_ce and loss.alpha_tv are both 0: the drafter would get no training signal")
+    _positive(p, "loss.gamma_decay", loss.gamma_decay)
+    _positive(p, "loss.temperature", loss.temperature)
+    _at_least(p, "loss.chunk_size", loss.chunk_size, 1)
+    t = cfg.train
+    _positive(p, "train.lr", t.lr)
+    if not 0 <= t.warmup_frac < 1:
+        p.append(f"train.warmup_frac = {t.warmup_frac!r} must be in [0, 1) (a fraction of the run's steps)")
+    _non_negative(p, "train.weight_decay", t.weight_decay)
+    _positive(p, "train.grad_clip", t.grad_clip)
+    _positive(p, "train.epochs", t.epochs)
+    if t.max_steps is not None:
+        _at_least(p, "train.max_steps", t.max_steps, 1, " (or unset: train.epochs decides)")
+    _at_least(p, "train.global_batch_sequences", t.global_batch_sequences, 1)
+    _at_least(p, "train.micro_batch_sequences", t.micro_batch_sequences, 1)
+    _at_least(p, "train.eval_every", t.eval_every, 1)
+    _at_least(p, "train.eval_sequences", t.eval_sequences, 1)
+    _at_least(p, "train.checkpoint_every", t.checkpoint_every, 1)
+    _at_least(p, "train.keep_last", t.keep_last, 0, " (0 keeps every checkpoint)")
+    if t.stop_at_step is not None:
+        _at_least(p, "train.stop_at_step", t.stop_at_step, 1)
+    p.extend(_resume_problems(t.resume))
+    if t.distributed == "deepspeed":
+        if not resolve_repo_path(t.deepspeed_config).is_file():
+            p.append(f"train.deepspeed_config = {t.deepspeed_config!r}: no such file")
+    _at_least(p, "topology.target_workers", cfg.topology.target_workers, 0, " (0 = colocated)")
+    _at_least(p, "stream.depth", cfg.stream.depth, 1)
+    _positive(p, "stream.timeout_s", cfg.stream.timeout_s)
+    _at_least(p, "logging.log_every", cfg.logging.log_every, 1)
+    p.extend(kind_spec(d.kind).recipe_problems(cfg))
+    return p
+
+
+def read_target_config(path: str) -> Mapping[str, Any]:
+    """The target's ``config.json`` as a dict (no weights are read)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        where = "no such directory" if not Path(path).exists() else "no config.json there"
+        raise FileNotFoundError(f"target.path = {path!r}: {where} (a local model directory, nothing is downloaded)")
+    try:
+        return json.loads(config.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"target.path = {path!r}: config.json is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any]) -> list[str]:
+    """Rules that tie the recipe to its target's config (see the module docstring)."""
+    p: list[str] = []
+    layers = target_config.get("num_hidden_layers")
+    vocab = target_config.get("vocab_size")
+    if isinstance(layers, int) and cfg.target.layer_ids and max(cfg.target.layer_ids) > layers - 2:
+        p.append(
+            f"target.layer_ids = {cfg.target.layer_ids}: the target has {layers} decoder layers, so a tap must be in "
+            f"0..{layers - 2} (never the last layer, whose output is only the final norm's input)"
+        )
+    if isinstance(vocab, int):
+        if kind_spec(cfg.drafter.kind).uses_mask_token and cfg.drafter.mask_token_id >= vocab:
+            p.append(f"drafter.mask_token_id = {cfg.drafter.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")
+        size = cfg.drafter.draft_vocab_size
+        if size is not None and size > vocab:
+            p.append(f"drafter.draft_vocab_size = {size} exceeds the target's vocabulary ({vocab})")
+    return p
+
+
+def launch_problems(cfg: RecipeConfig, world_size: int) -> list[str]:
+    """Rules that need the number of processes the launcher started."""
+    targets = cfg.topology.target_workers
+    if targets == 0:
+        drafters = world_size
+    elif world_size <= targets:
+        return [
+            f"topology.target_workers = {targets} needs at least {targets + 1} processes (targets plus at least one "
+            f"drafter worker); the launcher started {world_size}"
+        ]
+    else:
+        drafters = world_size - targets
+    if cfg.train.global_batch_sequences % drafters:
+        return [
+            f"train.global_batch_sequences = {cfg.train.global_batch_sequences} does not split over the {drafters} "
+            f"drafter rank(s) of this launch; choose a multiple of {drafters}"
+        ]
+    return []
