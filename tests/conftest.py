@@ -1,5 +1,6 @@
-"""Shared fixtures: the session's tiny world (built once with the `test` preset), one torch thread for the
-modules that decode with tiny models, and the `gpu` skip rule.
+"""Shared fixtures: the session's tiny world (built once with the `test` preset), the random-weight world of the
+multi-process streaming tests, one torch thread for the modules that decode with tiny models, and the `gpu`
+skip rule.
 
 Set DEEPSPEC_TINYWORLD_DIR to a tiny world built earlier (`deepspec tinyworld build --preset test --out DIR`)
 to skip the build while iterating locally; CI always builds a fresh one.
@@ -58,3 +59,12 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     (out / "command_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}")
     return out
+
+
+@pytest.fixture(scope="session")
+def streaming_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Target, train / validation JSONL and shard cache of the streaming, resume and failure tests (see
+    ``tests/streaming_helpers.py``)."""
+    from tests.streaming_helpers import build_world
+
+    return build_world(tmp_path_factory.mktemp("streaming_world"))

@@ -12,31 +12,38 @@ import json
 import numpy as np
 import pytest
 
-from deepspec_train.calibration.cli import read_traces
+from deepspec_train.calibration.cli import survival_arrays
 from deepspec_train.cli import main
 from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.formats.eval_traces import TraceRound, read_traces
+from deepspec_train.formats.eval_traces import write_traces as write_trace_file
 from tests.test_export import BLOCK, exported_dspark, save_tiny_target
 
 TRUE_TEMPERATURES = [2.0, 1.5, 3.0, 2.5]
 
 
+def trace(drafted: int, accepted: int, logits, r: int = 0) -> TraceRound:
+    return TraceRound(
+        suite="synthetic", category="math", prompt_id=f"p{r % 7}", turn=0, round=r, drafted=drafted,
+        accepted=accepted, emitted=accepted + 1,
+        confidence_logits=None if logits is None else tuple(float(z) for z in logits),
+        confidences=None if logits is None else tuple(float(1.0 / (1.0 + np.exp(-z))) for z in logits),
+        target_accept_probs=(1.0,) * drafted,
+    )
+
+
 def write_traces(path, rounds: int, seed: int, temperatures=TRUE_TEMPERATURES, with_logits: bool = True) -> None:
-    """One JSON line per verification round, in ``deepspec eval --save-traces`` format."""
+    """``rounds`` verification rounds in ``deepspec eval --save-traces`` format."""
     rng = np.random.default_rng(seed)
     k = len(temperatures)
-    with open(path, "w") as f:
-        for r in range(rounds):
-            z = rng.normal(1.5, 2.0, size=k)
-            accept = rng.random(k) < 1.0 / (1.0 + np.exp(-z / np.asarray(temperatures)))
-            # Accepted draft tokens = the run of leading acceptances (the first rejection ends the round).
-            accepted = int(np.argmin(accept)) if not accept.all() else k
-            record = {
-                "suite": "synthetic", "category": "math", "prompt_id": f"p{r % 7}", "turn": 0, "round": r,
-                "drafted": k, "accepted": accepted, "emitted": accepted + 1,
-                "confidence_logits": z.tolist() if with_logits else None,
-                "confidences": (1.0 / (1.0 + np.exp(-z))).tolist() if with_logits else None,
-            }
-            f.write(json.dumps(record) + "\n")
+    records = []
+    for r in range(rounds):
+        z = rng.normal(1.5, 2.0, size=k)
+        accept = rng.random(k) < 1.0 / (1.0 + np.exp(-z / np.asarray(temperatures)))
+        # Accepted draft tokens = the run of leading acceptances (the first rejection ends the round).
+        accepted = int(np.argmin(accept)) if not accept.all() else k
+        records.append(trace(k, accepted, z if with_logits else None, r))
+    write_trace_file(path, records)
 
 
 @pytest.fixture(scope="module")
@@ -44,20 +51,16 @@ def target_dir(tmp_path_factory) -> str:
     return save_tiny_target(tmp_path_factory.mktemp("target"))
 
 
-def test_read_traces_realised_survival(tmp_path):
+def test_survival_arrays_of_traces(tmp_path):
     path = tmp_path / "t.jsonl"
-    rows = [
-        {"drafted": 3, "accepted": 1, "confidence_logits": [0.1, 0.2, 0.3]},
-        {"drafted": 2, "accepted": 2, "confidence_logits": [1.0, 2.0, 3.0]},
-        {"drafted": 3, "accepted": 0, "confidence_logits": None},
-        {"drafted": 3, "accepted": 3, "confidence_logits": [-1.0, 0.0, 1.0]},
-    ]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
-    traces = read_traces([path])
+    rounds = [trace(3, 1, [0.1, 0.2, 0.3]), trace(2, 2, [1.0, 2.0]), trace(3, 0, None), trace(3, 3, [-1.0, 0.0, 1.0])]
+    write_trace_file(path, rounds)
+    assert read_traces([path]) == rounds
+    traces = survival_arrays(read_traces([path]))
     assert traces.skipped == 1
     assert traces.valid.tolist() == [[True, True, True], [True, True, False], [True, True, True]]
     assert traces.survived.tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
-    assert traces.logits[1].tolist() == [1.0, 2.0, 3.0]
+    assert traces.logits[1].tolist() == [1.0, 2.0, 0.0]
 
 
 def test_calibrate_writes_temperatures_into_export(tmp_path, target_dir, capsys):
@@ -98,8 +101,13 @@ def test_calibrate_refuses_mismatched_block_and_missing_logits(tmp_path, target_
     assert main(["calibrate", "--traces", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "d")]) == 1
 
 
-def test_read_traces_rejects_impossible_rounds(tmp_path):
+def test_read_traces_rejects_impossible_rounds_naming_the_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text(json.dumps({"drafted": 2, "accepted": 3, "confidence_logits": [0.0, 0.0]}) + "\n")
-    with pytest.raises(ValueError, match="outside 0..drafted"):
+    good = json.dumps(trace(2, 1, [0.0, 0.0]).__dict__)
+    bad = json.dumps({**trace(2, 1, [0.0, 0.0]).__dict__, "accepted": 3})
+    path.write_text(good + "\n" + bad + "\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: bad trace round: accepted 3 outside 0..drafted \(2\)"):
+        read_traces([path])
+    path.write_text(json.dumps({**trace(2, 1, [0.0, 0.0]).__dict__, "confidences": [0.5]}) + "\n")
+    with pytest.raises(ValueError, match="confidences has 1 entries for 2 drafted tokens"):
         read_traces([path])

@@ -29,11 +29,9 @@ from deepspec_train.training import deepspeed_engine
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.deepspeed_engine import resolve_deepspeed_config
 from deepspec_train.jobs.run import run_training
-from tests.test_streaming_support import (
-    REPO, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, streaming_world, wait_all,
+from tests.streaming_helpers import (
+    REPO, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all,
 )
-
-__all__ = ["streaming_world"]
 
 UNEVEN_PACKING = {
     "anchors.num_per_sequence": 16,
@@ -91,6 +89,7 @@ def test_resolved_config_overlays_recipe_on_launch_file(tmp_path) -> None:
         resolve_deepspeed_config(cfg, 4, torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_zero2_matches_ddp_checkpoints_and_resumes(streaming_world, tmp_path) -> None:
     ddp, ds = tmp_path / "ddp", tmp_path / "ds"
     common = UNEVEN_PACKING | {"train.max_steps": 4, "train.checkpoint_every": 2}
@@ -126,6 +125,7 @@ def test_zero2_matches_ddp_checkpoints_and_resumes(streaming_world, tmp_path) ->
     assert resolved["bf16"] == {"enabled": False}
 
 
+@pytest.mark.slow
 def test_streamed_deepspeed_drafter_matches_colocated(streaming_world, tmp_path) -> None:
     streamed, colocated = tmp_path / "streamed", tmp_path / "colocated"
     args = {"topology.target_workers": 1, "train.distributed": "deepspeed", "train.eval_every": 4}

@@ -15,8 +15,9 @@ from deepspec_train.evaluation.drafting import DraftBlock, DraftContext
 from deepspec_train.evaluation.report import ConversationStats, build_results, conditional_acceptance
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import load_suite
-from deepspec_train.target.hidden_states import TargetTap
+from deepspec_train.formats.eval_traces import parse_round
 from deepspec_train.formats.trained_drafter import write_trained_drafter
+from deepspec_train.target.hidden_states import TargetTap
 from tests.evaluator_fixtures import BLOCK, drafter_recipe, load_tiny_target, random_drafter
 
 MAX_NEW = 20
@@ -150,17 +151,18 @@ def _brute_conditional(rounds: list[dict], k: int) -> Optional[float]:
 def test_report_aggregates_by_suite_and_category():
     rng = random.Random(0)
     rounds = []
-    for _ in range(300):
+    for n in range(300):
         drafted = rng.choice([2, 3, 4])
         accepted = rng.randint(0, drafted)
         rounds.append({
             "suite": rng.choice(["a", "b"]), "category": rng.choice(["x", "y"]), "drafted": drafted,
             "accepted": accepted, "emitted": accepted + 1, "confidences": [rng.random() for _ in range(drafted)],
+            "prompt_id": str(n), "turn": 0, "round": 0,
         })
     stats = [
         ConversationStats("a", "x", 30, 2.0), ConversationStats("a", "y", 10, 1.0), ConversationStats("b", "x", 5, 1.0)
     ]
-    results = build_results(rounds, stats, 4, {"target": "t"})
+    results = build_results([parse_round(r) for r in rounds], stats, 4, {"target": "t"})
     assert results["target"] == "t" and set(results["suites"]) == {"a", "b"}
     suite_a = results["suites"]["a"]
     a_rounds = [r for r in rounds if r["suite"] == "a"]

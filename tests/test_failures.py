@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 
-from tests.test_streaming_support import read_logs, recipe_overrides, start_ranks, step_losses, streaming_world, wait_all
+import pytest
 
-__all__ = ["streaming_world"]
+from tests.streaming_helpers import read_logs, recipe_overrides, start_ranks, step_losses, wait_all
+
+# Several processes each: a few seconds per test.
+pytestmark = pytest.mark.slow
 
 TIMEOUT_S = 20
 

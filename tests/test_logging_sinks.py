@@ -12,17 +12,9 @@ import pytest
 import torch
 
 from deepspec_train.config.schema import LoggingConfig
-from deepspec_train.logging_utils import (
-    FanoutSink,
-    JsonlSink,
-    MetricsSink,
-    NoOpSink,
-    TrainProgress,
-    WandbSink,
-    get_logger,
-    make_sink,
-    rank0_print,
-)
+from deepspec_train.console import get_logger, rank0_print
+from deepspec_train.metrics.sinks import FanoutSink, JsonlSink, MetricsSink, NoOpSink, WandbSink, make_sink
+from deepspec_train.training.progress import TrainProgress
 
 
 class RecordingSink(MetricsSink):
@@ -114,7 +106,7 @@ def test_wandb_offline_run_through_make_sink(tmp_path, monkeypatch):
     sink.log({"train/loss": 2.0, "train/acc_1": 0.5}, step=1)
     sink.log_table("val/per_position", ["k", "accept"], [[1, 0.9], [2, 0.8]], step=2)
     png = tmp_path / "img.png"
-    from deepspec_train.metrics.plots import plot_per_position
+    from deepspec_train.comparison.plots import plot_per_position
 
     plot_per_position({"dspark": [0.9, 0.8]}, "accept_k", png)
     sink.log_image("val/accept_plot", png, step=2)

@@ -22,7 +22,7 @@ from deepspec_train.metrics.acceptance import (
     tau_analytic,
 )
 from deepspec_train.metrics.calibration import auroc, auroc_soft, brier, ece, reliability_curve
-from deepspec_train.metrics.plots import plot_per_position, plot_reliability
+from deepspec_train.comparison.plots import plot_per_position
 
 # ---------------------------------------------------------------- calibration
 
@@ -293,19 +293,11 @@ def _is_png(path) -> bool:
     return len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plots_write_png_files(tmp_path):
+def test_per_position_plot_writes_a_png(tmp_path):
     per_position = plot_per_position(
         {"dspark": [0.9, 0.8, 0.7], "dflash": [0.85, 0.7, 0.5]}, "accept_k", tmp_path / "sub" / "accept.png"
     )
     assert _is_png(per_position)
-
-    rng = np.random.default_rng(3)
-    probs = rng.uniform(0, 1, 200)
-    curves = {
-        "raw": reliability_curve(probs, np.clip(probs * 0.7, 0, 1), 10),
-        "calibrated": reliability_curve(probs, probs, 10),
-    }
-    assert _is_png(plot_reliability(curves, tmp_path / "reliability.png"))
 
 
 def test_auroc_matches_pair_count_for_every_labelling():

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from deepspec_train.training.checkpoint import list_checkpoints
-from tests.test_streaming_support import recipe_overrides, run_ranks, step_losses, streaming_world
+from tests.streaming_helpers import recipe_overrides, run_ranks, step_losses
 
-__all__ = ["streaming_world"]
+# Several processes each: a few seconds per test.
+pytestmark = pytest.mark.slow
 
 
 def test_resumed_streamed_run_matches_uninterrupted(streaming_world, tmp_path) -> None:

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 
 from deepspec_train.cli import main
-from deepspec_train.scheduling.simulator import (
-    Policy,
+from deepspec_train.formats.eval_traces import read_traces
+from deepspec_train.scheduling.simulator import Policy, simulate
+from deepspec_train.scheduling.workload import (
     ReplayRound,
     build_workload,
+    group_requests,
     load_temperatures,
-    load_traces,
     round_confidences,
-    simulate,
 )
 from deepspec_train.scheduling.sps_table import SPSTable
 
@@ -222,7 +222,7 @@ def test_trace_loading_and_confidence_sources(tmp_path):
     shuffled = rows[:]
     random.Random(0).shuffle(shuffled)
     path.write_text("".join(json.dumps(row) + "\n" for row in shuffled))
-    requests = load_traces([path])
+    requests = group_requests(read_traces([path]))
     assert sorted(r.prompt_id for r in requests) == sorted({row["prompt_id"] for row in rows})
     for request in requests:
         expected = [row for row in rows if row["prompt_id"] == request.prompt_id]

@@ -23,7 +23,7 @@ import pytest
 
 from tests.tiny_random_model import save_tiny_chat_model
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SCRIPT = REPO / "launch" / "slurm" / "local_cluster.sh"

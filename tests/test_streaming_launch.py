@@ -14,9 +14,10 @@ import pytest
 
 from deepspec_train.config.loader import load_recipe
 from deepspec_train.jobs.run import run_training
-from tests.test_streaming_support import REPO, free_port, recipe_overrides, run_ranks, step_losses, streaming_world
+from tests.streaming_helpers import REPO, free_port, recipe_overrides, run_ranks, step_losses
 
-__all__ = ["streaming_world"]
+# Several processes each: a few seconds per test.
+pytestmark = pytest.mark.slow
 
 
 @pytest.mark.skipif(shutil.which("accelerate") is None, reason="accelerate CLI not installed")

@@ -19,9 +19,10 @@ from safetensors.torch import load_file, save_file
 
 from deepspec_train.config.loader import load_recipe
 from deepspec_train.packing.batch import PackedBatch
-from tests.test_streaming_support import read_logs, recipe_overrides, start_ranks, streaming_world, wait_all
+from tests.streaming_helpers import read_logs, recipe_overrides, start_ranks, wait_all
 
-__all__ = ["streaming_world"]
+# Several processes each: a few seconds per test.
+pytestmark = pytest.mark.slow
 
 STEPS = 3
 

@@ -190,6 +190,7 @@ def test_presets_and_unknown_preset():
         get_preset("huge")
 
 
+@pytest.mark.slow
 def test_test_preset_builds_fast_and_loads(built_world):
     out, seconds = built_world
     report = json.loads((out / "build_report.json").read_text())

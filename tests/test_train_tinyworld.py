@@ -68,6 +68,7 @@ def test_recipe_trains_and_logs_per_position_metrics(tiny_world: Path, tmp_path:
     assert ("lm_head.weight" in weights) == (recipe == "tiny-eagle3")
 
 
+@pytest.mark.slow
 def test_train_py_runs_dflash(tiny_world: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "train.py", "recipe=tiny-dflash", *overrides(tiny_world, "tiny-dflash", tmp_path, steps=2)],

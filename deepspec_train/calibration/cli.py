@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
+from deepspec_train.formats.eval_traces import TraceRound, read_traces
+from deepspec_train.formats.figures import new_figure, save_png
 from deepspec_train.metrics.calibration import ReliabilityCurve, reliability_curve
 
 N_BINS = 10
@@ -43,36 +43,21 @@ class TraceArrays:
     skipped: int
 
 
-def read_traces(paths: Sequence[str | os.PathLike]) -> TraceArrays:
-    """Confidence logits, realised cumulative survival and validity of every round in the JSONL ``paths``."""
-    rounds: list[tuple[list[float], int, int]] = []
-    skipped = 0
-    for path in paths:
-        with open(path) as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                record = json.loads(line)
-                logits = record.get("confidence_logits")
-                if logits is None:
-                    skipped += 1
-                    continue
-                drafted, accepted = int(record["drafted"]), int(record["accepted"])
-                if not 0 <= accepted <= drafted:
-                    raise ValueError(f"{path}:{line_no}: accepted {accepted} outside 0..drafted ({drafted})")
-                rounds.append((list(logits), drafted, accepted))
-    if not rounds:
+def survival_arrays(rounds: Sequence[TraceRound]) -> TraceArrays:
+    """Confidence logits, realised cumulative survival and validity of every round that has confidence logits."""
+    scored = [r for r in rounds if r.confidence_logits is not None]
+    if not scored:
         raise ValueError("no trace round has confidence_logits (was the drafter evaluated with a confidence head?)")
-    width = max(len(z) for z, _, _ in rounds)
-    logits = np.zeros((len(rounds), width))
-    survived = np.zeros((len(rounds), width))
-    valid = np.zeros((len(rounds), width), dtype=bool)
+    width = max(len(r.confidence_logits) for r in scored)
+    logits = np.zeros((len(scored), width))
+    survived = np.zeros((len(scored), width))
+    valid = np.zeros((len(scored), width), dtype=bool)
     positions = np.arange(1, width + 1)
-    for n, (z, drafted, accepted) in enumerate(rounds):
-        logits[n, : len(z)] = z
-        valid[n] = positions <= min(drafted, len(z))
-        survived[n] = valid[n] & (positions <= accepted)
-    return TraceArrays(logits=logits, survived=survived, valid=valid, skipped=skipped)
+    for n, r in enumerate(scored):
+        logits[n, : len(r.confidence_logits)] = r.confidence_logits
+        valid[n] = positions <= r.drafted
+        survived[n] = valid[n] & (positions <= r.accepted)
+    return TraceArrays(logits=logits, survived=survived, valid=valid, skipped=len(rounds) - len(scored))
 
 
 def plot_cumulative_reliability(
@@ -82,7 +67,7 @@ def plot_cumulative_reliability(
     num = len(before)
     cols = min(num, 4)
     rows = math.ceil(num / cols)
-    fig = Figure(figsize=(3.2 * cols, 3.2 * rows))
+    fig = new_figure(3.2 * cols, 3.2 * rows)
     for k in range(num):
         ax = fig.add_subplot(rows, cols, k + 1)
         ax.plot([0.0, 1.0], [0.0, 1.0], linestyle="--", color="gray")
@@ -96,12 +81,8 @@ def plot_cumulative_reliability(
         ax.set_ylabel("realised survival")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
     fig.tight_layout()
-    fig.savefig(out, format="png", dpi=110)
-    return out
+    return save_png(fig, path, dpi=110)
 
 
 def _position_curves(survival: np.ndarray, traces: TraceArrays) -> list[ReliabilityCurve]:
@@ -120,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        traces = read_traces(args.traces)
+        traces = survival_arrays(read_traces(args.traces))
     except (ValueError, KeyError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -58,7 +58,7 @@ def log_to_wandb(
     # Imported here: wandb and the sink (which pulls in torch.distributed) are only needed with --wandb.
     import wandb
 
-    from deepspec_train.logging_utils.metrics_sink import WandbSink
+    from deepspec_train.metrics.sinks import WandbSink
 
     names = [row.name for row in rows]
     run_name = ("compare " + " vs ".join(names))[:_MAX_RUN_NAME]

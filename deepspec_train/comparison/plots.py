@@ -1,9 +1,8 @@
 """PNG plots of a drafter comparison: conditional acceptance per position (one file per suite), tau per suite as
 grouped bars, and the confidence head's ECE per position before / after calibration.
 
-Drawn with matplotlib's object API on the Agg canvas (no ``pyplot`` state, no display), like
-``deepspec_train.metrics.plots``, whose per-position line plot is reused for the acceptance curves. A plot whose
-data no drafter has is not written.
+Figures come from ``formats.figures`` (matplotlib's object API on the Agg canvas). A plot whose data no drafter
+has is not written.
 """
 
 from __future__ import annotations
@@ -13,13 +12,13 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from collections.abc import Mapping
+
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from deepspec_train.comparison.collect import DrafterRow, suites_of
-from deepspec_train.metrics.plots import plot_per_position
+from deepspec_train.formats.figures import new_figure, save_png
 
 TAU_FILE = "tau_per_suite.png"
 CALIBRATION_FILE = "calibration.png"
@@ -35,12 +34,19 @@ def _floats(values: Sequence[float | None]) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], dtype=np.float64)
 
 
-def _save(fig: Figure, path: str | os.PathLike) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(out, format="png", dpi=120, bbox_inches="tight")
-    return out
+def plot_per_position(curves: Mapping[str, Sequence[float]], ylabel: str, path: str | os.PathLike) -> Path:
+    """One line per named curve over block positions 1..B (e.g. ``{"dspark": accept_means, "dflash": ...}``)."""
+    fig = new_figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    for name, values in curves.items():
+        ax.plot(np.arange(1, len(values) + 1), np.asarray(values, dtype=np.float64), marker="o", label=name)
+    ax.set_xlabel("block position k")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    if curves:
+        ax.legend()
+    return save_png(fig, path)
 
 
 def plot_conditional_acceptance(rows: Sequence[DrafterRow], suite: str, path: str | os.PathLike) -> Path:
@@ -60,7 +66,7 @@ def plot_tau_per_suite(rows: Sequence[DrafterRow], path: str | os.PathLike) -> P
     def mean_over_all(row: DrafterRow) -> float | None:
         return row.mean_tau if all(row.tau.get(s) is not None for s in suites) else None
 
-    fig = Figure(figsize=(max(5.0, 1.0 + 0.4 * len(groups) * len(rows)), 4.0))
+    fig = new_figure(max(5.0, 1.0 + 0.4 * len(groups) * len(rows)), 4.0)
     ax = fig.add_subplot()
     width = 0.8 / max(len(rows), 1)
     for i, row in enumerate(rows):
@@ -73,12 +79,12 @@ def plot_tau_per_suite(rows: Sequence[DrafterRow], path: str | os.PathLike) -> P
     ax.grid(True, axis="y", alpha=0.3)
     if rows:
         ax.legend()
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def plot_calibration(rows: Sequence[DrafterRow], path: str | os.PathLike) -> Path:
     """ECE of cumulative survival per position, dashed before and solid after STS, one colour per drafter."""
-    fig = Figure(figsize=(6.0, 4.0))
+    fig = new_figure(6.0, 4.0)
     ax = fig.add_subplot()
     calibrated = [(r.name, r.calibration) for r in rows if r.calibration is not None]
     for i, (name, calibration) in enumerate(calibrated):
@@ -95,7 +101,7 @@ def plot_calibration(rows: Sequence[DrafterRow], path: str | os.PathLike) -> Pat
     ax.grid(True, alpha=0.3)
     if calibrated:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_png(fig, path)
 
 
 def write_plots(rows: Sequence[DrafterRow], out_dir: str | os.PathLike) -> list[Path]:

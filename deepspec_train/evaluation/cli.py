@@ -6,8 +6,8 @@
 
 ``--drafter`` is an export directory or a training output (``<run>/drafter``). Each prompt of each suite is
 decoded as one conversation (all its turns); ``results.json`` holds tau, conditional acceptance per position and
-tokens/s per suite and category (``deepspec_train.evaluation.report``); ``--save-traces`` writes one JSON
-object per verification round, the input of ``deepspec calibrate`` and ``deepspec simulate``.
+tokens/s per suite and category (``deepspec_train.evaluation.report``); ``--save-traces`` writes the per-round
+traces (``deepspec_train.formats.eval_traces``), the input of ``deepspec calibrate`` and ``deepspec simulate``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
-from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
+from deepspec_train.evaluation.speculative_decoder import RoundRecord, SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
 from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.formats.eval_traces import TraceRound, write_traces
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,9 +45,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
+def trace_round(record: RoundRecord, suite: str, category: str, prompt_id: str) -> TraceRound:
+    """The trace line of one decoder round of prompt ``prompt_id`` of ``suite``."""
+    return TraceRound(
+        suite=suite, category=category, prompt_id=prompt_id, turn=record.turn, round=record.round,
+        drafted=record.drafted, accepted=record.accepted, emitted=record.emitted,
+        confidence_logits=None if record.confidence_logits is None else tuple(record.confidence_logits),
+        confidences=None if record.confidences is None else tuple(record.confidences),
+        target_accept_probs=tuple(record.target_accept_probs),
+    )
+
+
 def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_tokens: int, progress: bool = True):
     """Decode every prompt of every suite; returns (trace rows, per-conversation stats)."""
-    traces: list[dict] = []
+    traces: list[TraceRound] = []
     stats: list[ConversationStats] = []
     total = sum(len(s.prompts) for s in suites)
     with tqdm(total=total, desc="eval", unit="prompt", disable=not progress, dynamic_ncols=True) as bar:
@@ -55,8 +67,7 @@ def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_to
                 turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
                 for turn in turns:
                     for record in turn.rounds:
-                        row = {"suite": suite.name, "category": prompt.category, "prompt_id": prompt.id}
-                        traces.append({**row, **vars(record)})
+                        traces.append(trace_round(record, suite.name, prompt.category, prompt.id))
                 stats.append(
                     ConversationStats(
                         suite=suite.name,
@@ -107,11 +118,7 @@ def run(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     if args.save_traces:
-        trace_path = Path(args.save_traces)
-        trace_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(trace_path, "w", encoding="utf-8") as handle:
-            for row in traces:
-                handle.write(json.dumps(row) + "\n")
+        write_traces(args.save_traces, traces)
     print(summary_table(results))
     print(f"results: {out}" + (f"; traces: {args.save_traces}" if args.save_traces else ""))
     return 0

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 import torch
-from torch import nn
 
 from deepspec_train.evaluation.spec_sampling import probs_from_logits
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter

@@ -1,9 +1,9 @@
 """Aggregate evaluator rounds into ``results.json``: per suite and per category, tau, conditional acceptance,
 throughput and the confidence head's predictions next to the realised acceptance.
 
-Input rows are the trace objects written by ``deepspec eval --save-traces`` (one per verification round, with
-``suite``, ``category``, ``drafted``, ``accepted``, ``emitted``, ``confidences``) and one ``ConversationStats``
-per decoded conversation (its new tokens and wall time). Definitions:
+Input: the rounds of ``deepspec eval`` (``formats.eval_traces.TraceRound``: ``suite``, ``category``, ``drafted``,
+``accepted``, ``emitted``, ``confidences``) and one ``ConversationStats`` per decoded conversation (its new tokens
+and wall time). Definitions:
 
 - ``tau`` = emitted tokens / verification rounds (the bonus or correction token included);
 - ``conditional_acceptance[k-1]`` = P(A_k | A_<k): among rounds that drafted at least ``k`` tokens and accepted
@@ -16,7 +16,9 @@ per decoded conversation (its new tokens and wall time). Definitions:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
+
+from deepspec_train.formats.eval_traces import TraceRound
 
 
 @dataclass(frozen=True)
@@ -27,34 +29,34 @@ class ConversationStats:
     seconds: float
 
 
-def conditional_acceptance(rounds: list[dict], block_size: int) -> list[Optional[float]]:
+def conditional_acceptance(rounds: Sequence[TraceRound], block_size: int) -> list[Optional[float]]:
     """P(A_k | A_<k) for ``k = 1..block_size`` from per-round ``drafted`` / ``accepted`` counts."""
     rates: list[Optional[float]] = []
     for k in range(1, block_size + 1):
-        reached = [r for r in rounds if r["drafted"] >= k and r["accepted"] >= k - 1]
-        rates.append(sum(r["accepted"] >= k for r in reached) / len(reached) if reached else None)
+        reached = [r for r in rounds if r.drafted >= k and r.accepted >= k - 1]
+        rates.append(sum(r.accepted >= k for r in reached) / len(reached) if reached else None)
     return rates
 
 
-def mean_confidence(rounds: list[dict], block_size: int) -> Optional[list[Optional[float]]]:
+def mean_confidence(rounds: Sequence[TraceRound], block_size: int) -> Optional[list[Optional[float]]]:
     """Mean ``c_k`` over the rounds that reached position ``k``; ``None`` when no round carries confidences."""
-    scored = [r for r in rounds if r.get("confidences") is not None]
+    scored = [r for r in rounds if r.confidences is not None]
     if not scored:
         return None
     means: list[Optional[float]] = []
     for k in range(1, block_size + 1):
-        values = [r["confidences"][k - 1] for r in scored if r["drafted"] >= k and r["accepted"] >= k - 1]
+        values = [r.confidences[k - 1] for r in scored if r.drafted >= k and r.accepted >= k - 1]
         means.append(sum(values) / len(values) if values else None)
     return means
 
 
-def summarize(rounds: list[dict], conversations: list[ConversationStats], block_size: int) -> dict[str, Any]:
+def summarize(rounds: Sequence[TraceRound], conversations: list[ConversationStats], block_size: int) -> dict[str, Any]:
     """The metrics of one group of rounds (a suite, or one category of it)."""
     num_rounds = len(rounds)
     new_tokens = sum(c.new_tokens for c in conversations)
     seconds = sum(c.seconds for c in conversations)
     summary: dict[str, Any] = {
-        "tau": sum(r["emitted"] for r in rounds) / num_rounds if num_rounds else None,
+        "tau": sum(r.emitted for r in rounds) / num_rounds if num_rounds else None,
         "rounds": num_rounds,
         "new_tokens": new_tokens,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
@@ -74,16 +76,16 @@ def _by_key(items: Iterable, key) -> dict[str, list]:
 
 
 def build_results(
-    rounds: list[dict], conversations: list[ConversationStats], block_size: int, header: dict[str, Any]
+    rounds: Sequence[TraceRound], conversations: list[ConversationStats], block_size: int, header: dict[str, Any]
 ) -> dict[str, Any]:
     """``header`` (target, drafter, drafter_kind, block_size, temperature, ...) plus ``suites``: per suite the
     summary and, under ``categories``, the summary of each category."""
-    suite_rounds = _by_key(rounds, lambda r: r["suite"])
+    suite_rounds = _by_key(rounds, lambda r: r.suite)
     suite_convs = _by_key(conversations, lambda c: c.suite)
     suites: dict[str, Any] = {}
     for suite in sorted(set(suite_rounds) | set(suite_convs)):
         s_rounds, s_convs = suite_rounds.get(suite, []), suite_convs.get(suite, [])
-        cat_rounds = _by_key(s_rounds, lambda r: r["category"])
+        cat_rounds = _by_key(s_rounds, lambda r: r.category)
         cat_convs = _by_key(s_convs, lambda c: c.category)
         entry = summarize(s_rounds, s_convs, block_size)
         entry["categories"] = {

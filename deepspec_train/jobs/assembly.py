@@ -26,7 +26,8 @@ from deepspec_train.config.loader import config_to_dict
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import build_token_dataset
 from deepspec_train.formats.trained_drafter import write_trained_drafter
-from deepspec_train.logging_utils.metrics_sink import get_logger, make_sink
+from deepspec_train.console import get_logger
+from deepspec_train.metrics.sinks import make_sink
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_tokenizer
 from deepspec_train.training.distributed import DistContext, barrier

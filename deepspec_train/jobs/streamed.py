@@ -21,7 +21,7 @@ from deepspec_train.jobs.assembly import (
     load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
 )
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.logging_utils.metrics_sink import get_logger
+from deepspec_train.console import get_logger
 from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.models.factory import build_drafter_from_files
 from deepspec_train.streaming.roles import Topology

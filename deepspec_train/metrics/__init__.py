@@ -1,7 +1,5 @@
-"""Drafter-quality metrics: per-position acceptance and expected length, confidence calibration, and plots.
-
-``deepspec_train.metrics.plots`` is not re-exported so that importing the metrics does not import matplotlib.
-"""
+"""Drafter-quality metrics (per-position acceptance and expected length, confidence calibration) and the sinks
+metrics are recorded to (``metrics.sinks``: JSONL, W&B, no-op)."""
 
 from deepspec_train.metrics.acceptance import (
     BlockLengthStats,

@@ -59,19 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Simulate, print the table, write the JSON and the plot; returns the process exit status."""
-    from deepspec_train.scheduling.simulator import (
-        build_workload,
-        format_table,
-        load_temperatures,
-        load_traces,
-        plot_frontier,
-        results_document,
-        run_grid,
-    )
+    from deepspec_train.formats.eval_traces import read_traces
+    from deepspec_train.scheduling.frontier_plot import plot_frontier
+    from deepspec_train.scheduling.simulation_tables import format_table, results_document
+    from deepspec_train.scheduling.simulator import run_grid
     from deepspec_train.scheduling.sps_table import SPSTable
+    from deepspec_train.scheduling.workload import build_workload, group_requests, load_temperatures
 
     try:
-        requests = load_traces(args.traces)
+        requests = group_requests(read_traces(args.traces))
         sps = SPSTable.load(args.sps)
         temperatures = load_temperatures(args.calibration) if args.calibration else None
         sources = ["uncalibrated", "calibrated"] if temperatures else ["trace"]

@@ -1,8 +1,8 @@
 """Serving simulator: replay evaluator traces as N concurrent users under different verification policies.
 
-Input: the per-round traces of ``deepspec eval --save-traces`` (one JSON object per verification round with the
-drafter's per-position confidences and the realised number of accepted drafts). A *request* is the stream of
-rounds of one ``(suite, prompt_id, turn)``.
+Input: a workload built from the per-round traces of ``deepspec eval --save-traces`` (``scheduling.workload``):
+per request (the rounds of one ``(suite, prompt_id, turn)``), each round's drafted tokens, realised number of
+accepted drafts and the confidences the policy sees.
 
 Users. ``N`` users each walk the whole pool of requests, one after another, starting at request
 ``floor(u * M / N)`` of the ``M`` requests and wrapping around, and consume one round per simulated step. Every
@@ -32,59 +32,19 @@ Policies:
 Reported per run: per-user tok/s (mean over users of tokens / simulated time), aggregate tok/s (all tokens /
 simulated time) and the mean verification budget ``L`` overall and per request category.
 
-Confidences come from the traces as recorded (``trace``), or are recomputed from the recorded confidence logits
-as ``sigmoid(z_k)`` (``uncalibrated``) or ``sigmoid(z_k / T_k)`` with a calibration's temperatures
-(``calibrated``), so the effect of calibration on the scheduler can be simulated side by side. The ``oracle``
-source (1 on every accepted draft, 0 from the first rejected one) looks at the outcome and breaks
-non-anticipation on purpose: it is the upper bound a perfect confidence head would reach on the same traffic.
+The workload (requests, their rounds and the confidences a policy sees) comes from ``scheduling.workload``; the
+tables of a run grid from ``scheduling.simulation_tables``, its plot from ``scheduling.frontier_plot``.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from deepspec_train.scheduling.greedy_prefix import allocate, greedy_path
 from deepspec_train.scheduling.sps_table import SPSTable
-
-CONFIDENCE_SOURCES = ("trace", "uncalibrated", "calibrated", "oracle")
-
-
-@dataclass(frozen=True)
-class TraceRound:
-    """One verification round as the evaluator recorded it."""
-
-    drafted: int
-    accepted: int
-    confidence_logits: tuple[float, ...] | None
-    confidences: tuple[float, ...] | None
-
-
-@dataclass(frozen=True)
-class TraceRequest:
-    """The rounds of one ``(suite, prompt_id, turn)``, in round order."""
-
-    suite: str
-    category: str
-    prompt_id: str
-    turn: int
-    rounds: tuple[TraceRound, ...]
-
-
-@dataclass(frozen=True)
-class ReplayRound:
-    """What the simulator needs from a round: its category, drafts, realised acceptance, and the confidences the
-    policy sees (``None`` when the drafter has no confidence head)."""
-
-    category: str
-    drafted: int
-    accepted: int
-    confidences: tuple[float, ...] | None
+from deepspec_train.scheduling.workload import ReplayRound
 
 
 @dataclass(frozen=True)
@@ -135,109 +95,6 @@ class SimulationResult:
         out = asdict(self)
         out.pop("lengths")
         return out
-
-
-def _float_tuple(values: Sequence[float] | None, drafted: int, what: str) -> tuple[float, ...] | None:
-    if values is None:
-        return None
-    if len(values) != drafted:
-        raise ValueError(f"{what} has {len(values)} entries for {drafted} drafted tokens")
-    return tuple(float(v) for v in values)
-
-
-def parse_trace_round(row: dict) -> TraceRound:
-    """Validate one trace line's round fields."""
-    drafted, accepted = int(row["drafted"]), int(row["accepted"])
-    if not 0 <= accepted <= drafted:
-        raise ValueError(f"accepted {accepted} outside 0..drafted ({drafted})")
-    return TraceRound(
-        drafted,
-        accepted,
-        _float_tuple(row.get("confidence_logits"), drafted, "confidence_logits"),
-        _float_tuple(row.get("confidences"), drafted, "confidences"),
-    )
-
-
-def load_traces(paths: Iterable[str | os.PathLike]) -> list[TraceRequest]:
-    """Group the rounds of every trace file into requests (first-seen order), each sorted by round number."""
-    rows: dict[tuple[str, str, int], list[tuple[int, TraceRound]]] = {}
-    categories: dict[tuple[str, str, int], str] = {}
-    for path in paths:
-        with open(path, encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    key = (str(row["suite"]), str(row["prompt_id"]), int(row["turn"]))
-                    parsed = parse_trace_round(row)
-                    round_no = int(row["round"])
-                except (KeyError, ValueError, TypeError) as exc:
-                    raise ValueError(f"{path}:{line_no}: bad trace round: {exc}") from exc
-                rows.setdefault(key, []).append((round_no, parsed))
-                categories.setdefault(key, str(row.get("category") or row["suite"]))
-    requests = []
-    for key, numbered in rows.items():
-        numbered.sort(key=lambda item: item[0])
-        requests.append(TraceRequest(key[0], categories[key], key[1], key[2], tuple(r for _, r in numbered)))
-    return requests
-
-
-def load_temperatures(path: str | os.PathLike) -> list[float]:
-    """Per-position temperatures from ``deepspec calibrate``'s JSON (``temperatures``) or an exported DSpark
-    config (``confidence_temperatures``)."""
-    data = json.loads(Path(path).read_text())
-    for key in ("temperatures", "confidence_temperatures"):
-        if key in data:
-            temperatures = [float(t) for t in data[key]]
-            if any(t <= 0 for t in temperatures):
-                raise ValueError(f"{path}: temperatures must be positive, got {temperatures}")
-            return temperatures
-    raise ValueError(f"{path} has neither 'temperatures' nor 'confidence_temperatures'")
-
-
-def _sigmoid(x: float) -> float:
-    # Split by sign so that large |x| neither overflows exp nor loses the tiny probability.
-    if x >= 0:
-        return 1.0 / (1.0 + math.exp(-x))
-    e = math.exp(x)
-    return e / (1.0 + e)
-
-
-def round_confidences(
-    trace_round: TraceRound, source: str, temperatures: Sequence[float] | None = None
-) -> tuple[float, ...] | None:
-    """The confidences a policy sees for a round under ``source`` (see the module docstring)."""
-    if source == "trace":
-        return trace_round.confidences
-    if source == "oracle":
-        return tuple(float(k < trace_round.accepted) for k in range(trace_round.drafted))
-    if source not in CONFIDENCE_SOURCES:
-        raise ValueError(f"unknown confidence source {source!r}; expected one of {CONFIDENCE_SOURCES}")
-    logits = trace_round.confidence_logits
-    if logits is None:
-        return None
-    if source == "uncalibrated":
-        return tuple(_sigmoid(z) for z in logits)
-    if temperatures is None:
-        raise ValueError("calibrated confidences need temperatures")
-    if len(logits) > len(temperatures):
-        raise ValueError(f"a round drafted {len(logits)} tokens but only {len(temperatures)} temperatures exist")
-    return tuple(_sigmoid(z / t) for z, t in zip(logits, temperatures))
-
-
-def build_workload(
-    requests: Sequence[TraceRequest], source: str = "trace", temperatures: Sequence[float] | None = None
-) -> list[list[ReplayRound]]:
-    """Per request, its rounds as the simulator replays them, with confidences from ``source``."""
-    return [
-        [
-            ReplayRound(request.category, r.drafted, r.accepted, round_confidences(r, source, temperatures))
-            for r in request.rounds
-        ]
-        for request in requests
-        if request.rounds
-    ]
 
 
 def _async_lengths(confidences: list[tuple[float, ...]], capacity: int, sps: SPSTable, base: int) -> list[int]:
@@ -363,116 +220,3 @@ def run_grid(
                 result.confidence_source = source
                 results.append(result)
     return results
-
-
-def curve_label(result: SimulationResult) -> str:
-    """The frontier curve a run belongs to: the policy, plus the confidence source unless it is the trace's."""
-    if result.confidence_source in (None, "trace"):
-        return result.policy
-    return f"{result.policy} ({result.confidence_source})"
-
-
-def scheduler_gains(results: Sequence[SimulationResult]) -> list[dict]:
-    """Per concurrency and scheduler curve: aggregate and per-user tok/s against the best fixed gamma's aggregate
-    at the same load (``gain`` = ratio - 1)."""
-    best_fixed: dict[int, SimulationResult] = {}
-    for r in results:
-        if r.policy.startswith("gamma=") and (
-            r.concurrency not in best_fixed or r.aggregate_tok_s > best_fixed[r.concurrency].aggregate_tok_s
-        ):
-            best_fixed[r.concurrency] = r
-    gains = []
-    for r in results:
-        if r.policy.startswith("gamma=") or r.concurrency not in best_fixed:
-            continue
-        ref = best_fixed[r.concurrency]
-        gains.append(
-            {
-                "concurrency": r.concurrency,
-                "curve": curve_label(r),
-                "aggregate_tok_s": r.aggregate_tok_s,
-                "best_fixed": ref.policy,
-                "best_fixed_aggregate_tok_s": ref.aggregate_tok_s,
-                "aggregate_gain": r.aggregate_tok_s / ref.aggregate_tok_s - 1.0,
-                "per_user_gain": r.per_user_tok_s / ref.per_user_tok_s - 1.0,
-                "mean_budget": r.mean_budget,
-            }
-        )
-    return gains
-
-
-def format_table(results: Sequence[SimulationResult]) -> list[str]:
-    """One line per run, grouped by concurrency, with the gain over the best fixed gamma for scheduler runs."""
-    gain_of = {(g["concurrency"], g["curve"]): g["aggregate_gain"] for g in scheduler_gains(results)}
-    categories = sorted({c for r in results for c in r.budget_by_category})
-    header = f"{'N':>4}  {'policy':<34} {'user tok/s':>10} {'agg tok/s':>10} {'mean L':>6} {'vs best':>8}"
-    lines = [header + "".join(f" {('L ' + c)[:10]:>10}" for c in categories)]
-    for r in sorted(results, key=lambda r: r.concurrency):
-        gain = gain_of.get((r.concurrency, curve_label(r)))
-        gain_text = f"{100 * gain:+7.1f}%" if gain is not None else f"{'':>8}"
-        lines.append(
-            f"{r.concurrency:>4}  {curve_label(r):<34} {r.per_user_tok_s:>10.1f} {r.aggregate_tok_s:>10.1f}"
-            f" {r.mean_budget:>6.2f} {gain_text}"
-            + "".join(f" {r.budget_by_category.get(c, float('nan')):>10.2f}" for c in categories)
-        )
-    return lines
-
-
-# Frontier styling: a colour per confidence source, a line style per scheduler policy, greys for fixed gamma.
-_SOURCE_COLOURS = {
-    None: "tab:blue",
-    "trace": "tab:blue",
-    "uncalibrated": "tab:orange",
-    "calibrated": "tab:green",
-    "oracle": "tab:purple",
-}
-_POLICY_STYLES = {"scheduler": "-", "async-scheduler": "--", "full-scan-scheduler": "-."}
-
-
-def plot_frontier(results: Sequence[SimulationResult], path: str | os.PathLike) -> Path:
-    """Aggregate tok/s (y) against per-user tok/s (x), one curve per policy, points labelled by concurrency."""
-    from matplotlib import colormaps
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    curves: dict[str, list[SimulationResult]] = defaultdict(list)
-    for r in results:
-        curves[curve_label(r)].append(r)
-    gammas = sorted({r.policy for r in results if r.policy.startswith("gamma=")}, key=lambda p: int(p[6:]))
-    greys = colormaps["Greys"]
-    fig = Figure(figsize=(8.0, 5.5))
-    ax = fig.add_subplot()
-    for label, runs in curves.items():
-        runs.sort(key=lambda r: r.concurrency)
-        xs, ys = [r.per_user_tok_s for r in runs], [r.aggregate_tok_s for r in runs]
-        policy = runs[0].policy
-        if policy in gammas:
-            shade = 0.35 + 0.6 * gammas.index(policy) / max(len(gammas) - 1, 1)
-            ax.plot(xs, ys, marker=".", linestyle=":", color=greys(shade), label=label)
-        else:
-            colour = _SOURCE_COLOURS.get(runs[0].confidence_source, "tab:red")
-            ax.plot(xs, ys, marker="o", markersize=4, linestyle=_POLICY_STYLES[policy], color=colour, label=label)
-        for r, x, y in zip(runs, xs, ys):
-            ax.annotate(f"N={r.concurrency}", (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("per-user tokens/s")
-    ax.set_ylabel("aggregate tokens/s")
-    ax.set_title("throughput frontier (up and right is better)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    FigureCanvasAgg(fig)
-    fig.savefig(out, format="png", dpi=120, bbox_inches="tight")
-    return out
-
-
-def results_document(results: Sequence[SimulationResult], sps: SPSTable, settings: dict) -> dict:
-    """The JSON written by ``deepspec simulate``: settings, every run, and the scheduler's gains."""
-    return {
-        "settings": settings,
-        "sps": sps.to_dict(),
-        "runs": [r.to_dict() for r in results],
-        "gains": scheduler_gains(results),
-    }

@@ -22,8 +22,9 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.logging_utils.metrics_sink import MetricsSink, get_logger
-from deepspec_train.logging_utils.progress import TrainProgress
+from deepspec_train.console import get_logger
+from deepspec_train.metrics.sinks import MetricsSink
+from deepspec_train.training.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch

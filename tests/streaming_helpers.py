@@ -1,4 +1,5 @@
-"""Shared helpers (no tests) for the multi-process streaming, resume and failure tests.
+"""Shared helpers for the multi-process streaming, resume and failure tests (the ``streaming_world`` fixture in
+``conftest.py`` is built with ``build_world``).
 
 Builds a tiny world on disk (the random 2-layer chat model of ``tiny_random_model`` plus a few JSONL
 conversations) and launches ``train.py`` as a set of ranks the way Slurm's ``srun`` would: one plain process per
@@ -15,8 +16,6 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from tests.tiny_random_model import save_tiny_chat_model
 
@@ -45,11 +44,6 @@ def build_world(root: Path) -> dict[str, str]:
         "validation": write_conversations(root / "validation.jsonl", 8, seed=2),
         "cache": str(root / "cache"),
     }
-
-
-@pytest.fixture(scope="session")
-def streaming_world(tmp_path_factory) -> dict[str, str]:
-    return build_world(tmp_path_factory.mktemp("streaming_world"))
 
 
 def recipe_overrides(world: dict[str, str], output_dir: Path, **extra) -> list[str]:

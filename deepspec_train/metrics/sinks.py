@@ -2,65 +2,21 @@
 
 The trainer and the evaluators only ever talk to a ``MetricsSink``; ``make_sink`` picks the backends from the
 recipe's ``logging`` section. Only the main process writes metrics: every other rank gets a ``NoOpSink``, so
-callers never need their own rank checks around ``log``. This module also holds the rank-0 console helpers
-(``rank0_print``, ``get_logger``) because they answer the same question: "which process speaks?".
+callers never need their own rank checks around ``log``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
-import torch.distributed as dist
-
 from deepspec_train.config.schema import LoggingConfig
 
 WandbMode = Literal["offline", "online", "disabled"]
-
-
-def get_rank() -> int:
-    """Global rank of this process: torch.distributed when initialised, else the launcher's ``RANK`` variable."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return int(os.environ.get("RANK", "0"))
-
-
-def is_main_process() -> bool:
-    return get_rank() == 0
-
-
-def rank0_print(*args: Any, **kwargs: Any) -> None:
-    """``print`` on rank 0 only; flushes so that output interleaves sensibly with launcher logs."""
-    if is_main_process():
-        kwargs.setdefault("flush", True)
-        print(*args, **kwargs)
-
-
-class _Rank0Filter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        # Evaluated per record (not at logger creation) because torch.distributed may be initialised later.
-        return is_main_process()
-
-
-def get_logger(name: str, level: int = logging.INFO) -> logging.Logger:
-    """A logger that emits on rank 0 only, with a timestamped single-line format on stderr."""
-    logger = logging.getLogger(name)
-    if not any(isinstance(f, _Rank0Filter) for f in logger.filters):
-        logger.addFilter(_Rank0Filter())
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-        logger.addHandler(handler)
-        # Our own handler already prints; letting records reach the root logger would print them twice.
-        logger.propagate = False
-    logger.setLevel(level)
-    return logger
 
 
 class MetricsSink:
