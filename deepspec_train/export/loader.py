@@ -31,7 +31,7 @@ from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConf
 from deepspec_train.export.layouts import (
     TensorSpec,
     check_draft_vocab,
-    layer_ids_from_eagle3_aux,
+    layer_ids_from_eagle3_config,
     layout_of_config,
     validate_layout,
 )
@@ -162,6 +162,12 @@ def _build(
     return _materialise(lambda: ParallelDrafter(geometry, drafter_cfg, layer_ids), state)
 
 
+def _identity_draft_vocab(vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``d2t`` / ``t2d`` of a full draft vocabulary: the identity map, which needs no stored data."""
+    full = build_draft_vocab(torch.ones(vocab_size, dtype=torch.long), None)
+    return full.d2t, full.t2d
+
+
 def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     meta = json.loads((root / TRAINING_CONFIG).read_text())
     drafter_cfg = DrafterConfig(**meta["drafter"])
@@ -177,9 +183,7 @@ def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
                 raise ValueError(
                     f"{root / TRAINING_WEIGHTS} has no d2t/t2d maps for its {size}-token draft vocabulary"
                 )
-            # A full draft vocabulary is the identity map, which needs no stored data.
-            full = build_draft_vocab(torch.ones(geometry.vocab_size, dtype=torch.long), None)
-            state["d2t"], state["t2d"] = full.d2t, full.t2d
+            state["d2t"], state["t2d"] = _identity_draft_vocab(geometry.vocab_size)
     else:
         state["lm_head.weight"] = lm_head
     module = _build(drafter_cfg, geometry, layer_ids, state)
@@ -230,7 +234,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         geometry = _export_geometry(config, config["num_target_layers"])
         state["embed_tokens.weight"], state["lm_head.weight"] = _target_heads(target_path, dtype)
     else:
-        layer_ids, mask_id = layer_ids_from_eagle3_aux(config["eagle_aux_hidden_state_layer_ids"]), None
+        layer_ids, mask_id = layer_ids_from_eagle3_config(config), None
         block = config.get("block_size", DEFAULT_EAGLE3_BLOCK)
         drafter_cfg = DrafterConfig(
             kind="eagle3", num_layers=1, block_size=block, ttt_steps=block,
@@ -239,6 +243,9 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         # Only used as metadata by the EAGLE-3 module; the smallest depth consistent with its taps when absent.
         geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
         state["embed_tokens.weight"] = _target_heads(target_path, dtype)[0]
+        if "d2t" not in state:
+            # validate_layout allows no maps only for a full draft vocabulary: the identity.
+            state["d2t"], state["t2d"] = _identity_draft_vocab(geometry.vocab_size)
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
         module=module,

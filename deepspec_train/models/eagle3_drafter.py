@@ -41,6 +41,30 @@ def eagle3_target_layer_ids(num_target_layers: int) -> list[int]:
     return [1, num_target_layers // 2 - 1, num_target_layers - 4]
 
 
+def check_eagle3_taps(layer_ids: list[int], num_target_layers: int) -> None:
+    """Refuse EAGLE-3 taps that no serving engine can feed back in the trained order (one-line ``ValueError``).
+
+    vLLM and SGLang capture the residual stream entering each chosen decoder layer while they walk the layers in
+    order, so ``fc``'s input columns always come in increasing layer order, and the last layer's output (it
+    enters no layer) is never available. Taps must therefore be 3 non-decreasing decoder-layer ids in
+    ``0..L-2``. Repeated ids train, but each engine captures a layer once, so their export is refused later.
+    """
+    ids = list(layer_ids)
+    if len(ids) != NUM_FUSED_LAYERS or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers (ints), got target.layer_ids={ids}")
+    if ids != sorted(ids):
+        raise ValueError(
+            f"EAGLE-3 target.layer_ids={ids} are not in increasing order; the engines feed fc in layer order, "
+            f"so train with target.layer_ids={sorted(ids)}"
+        )
+    last = num_target_layers - 2
+    if ids[0] < 0 or ids[-1] > last:
+        raise ValueError(
+            f"EAGLE-3 target.layer_ids={ids} must be decoder layers 0..{last} of the {num_target_layers}-layer "
+            "target (engines capture the state entering a layer, never the last layer's output)"
+        )
+
+
 class Eagle3Attention(nn.Module):
     """Grouped-query attention whose queries, keys and values are projected from the 2d-wide fused input."""
 
@@ -161,8 +185,7 @@ class Eagle3Drafter(nn.Module):
         draft_vocab: DraftVocab,
     ) -> None:
         super().__init__()
-        if len(target_layer_ids) != NUM_FUSED_LAYERS:
-            raise ValueError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers, got {target_layer_ids}")
+        check_eagle3_taps(target_layer_ids, geometry.num_target_layers)
         if drafter_cfg.num_layers != 1:
             raise ValueError(f"EAGLE-3 has one decoder layer (drafter.num_layers=1), got {drafter_cfg.num_layers}")
         if drafter_cfg.ttt_steps != drafter_cfg.block_size:

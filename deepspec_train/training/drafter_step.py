@@ -44,7 +44,7 @@ def drafter_loss(
     labels = batch.labels[batch.supervised_mask]
     if cfg.drafter.kind == "eagle3":
         weights = drafter.step_weights(cfg.drafter.block_size).to(out.slot_index.device)[out.slot_index]
-        draft_to_target = None if drafter.draft_vocab.is_full else drafter.draft_vocab.target_ids.to(labels.device)
+        draft_to_target = None if drafter.draft_vocab.is_full else drafter.draft_vocab.target_ids().to(labels.device)
         markov_w2 = None
     else:
         weights = decay_weights(out.slot_index, cfg.loss.gamma_decay)
