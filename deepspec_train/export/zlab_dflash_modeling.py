@@ -20,6 +20,8 @@ target applies it); a final norm; the target's LM head. Slot ``j >= 1`` drafts t
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -148,9 +150,11 @@ class DFlashDraftModel(PreTrainedModel):
         embed = target.get_input_embeddings()
         head = target.get_output_embeddings()
         cache = DynamicCache(config=target.config)
+        # transformers 5.2x names the cache argument `cache`; earlier releases `past_key_values`.
+        cache_arg = {"cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values": cache}
         stops = set(stop_token_ids or [])
         try:
-            logits = target(input_ids=input_ids, past_key_values=cache, use_cache=True).logits
+            logits = target(input_ids=input_ids, use_cache=True, **cache_arg).logits
             context = taps.take()
             sequence = torch.cat([input_ids, logits[:, -1:].argmax(-1)], dim=1)
             while sequence.shape[1] - input_ids.shape[1] < max_new_tokens and int(sequence[0, -1]) not in stops:
@@ -160,13 +164,16 @@ class DFlashDraftModel(PreTrainedModel):
                 positions = torch.arange(anchor + self.block_size, device=sequence.device).unsqueeze(0)
                 hidden = self(context, embed(block), positions)
                 block[0, 1:] = self.compute_logits(hidden[:, 1:], head).argmax(-1)[0]
-                verified = target(input_ids=block, past_key_values=cache, use_cache=True).logits.argmax(-1)[0]
+                verified = target(input_ids=block, use_cache=True, **cache_arg).logits.argmax(-1)[0]
                 accepted = 0
                 while accepted < self.block_size - 1 and block[0, 1 + accepted] == verified[accepted]:
                     accepted += 1
                 new = torch.cat([block[0, 1:1 + accepted], verified[accepted:accepted + 1]]).unsqueeze(0)
                 context = torch.cat([context, taps.take()[:, : accepted + 1]], dim=1)
-                cache.crop(anchor + accepted + 1)
+                # Keep the verified prefix, positions 0..anchor+accepted (crop takes how many tokens to drop).
+                drop = cache.get_seq_length() - (anchor + accepted + 1)
+                if drop > 0:
+                    cache.crop(-drop)
                 sequence = torch.cat([sequence, new], dim=1)
         finally:
             taps.remove()
