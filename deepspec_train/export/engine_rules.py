@@ -84,7 +84,7 @@ class _Target:
 
 
 def _target_facts(target_config: Mapping[str, Any]) -> _Target:
-    archs = target_config.get("architectures") or ["unknown"]
+    archs = target_config.get("architectures") or ["(a config without architectures)"]
     return _Target(int(target_config["num_hidden_layers"]), int(target_config["vocab_size"]), str(archs[0]))
 
 
