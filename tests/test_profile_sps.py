@@ -11,7 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from deepspec_train.cli import main
-from deepspec_train.scheduling.profile_sps import measure_batch_size, monotone_speeds, step_shape
+from deepspec_train.export.engine_files import check_sps, read_sps, strict_json_loads
+from deepspec_train.scheduling.profile_sps import measure_batch_size, monotone_speeds, profile_target, step_shape
 from deepspec_train.scheduling.sps_table import SPSTable
 from tests.tiny_random_model import save_tiny_chat_model
 
@@ -86,6 +87,64 @@ def test_profile_command_writes_a_sane_table(tiny_target, tmp_path, capsys):
     assert all(b <= a for a, b in zip(table.steps_per_s, table.steps_per_s[1:]))
     printed = capsys.readouterr().out
     assert "4 x 8" in printed and "SPS table written" in printed
+    # Sparse probes: SGLang reads its table without interpolation, so none is written.
+    assert "no SGLang table" in printed and not (tmp_path / "sps.sglang.json").exists()
+
+
+def test_dense_profile_writes_sglang_table(tiny_target, tmp_path, capsys):
+    out = tmp_path / "sps.json"
+    args = ["profile-sps", "--target", tiny_target, "--max-batch-tokens", "12", "--context-len", "8",
+            "--repeats", "2", "--warmup", "1", "--device", "cpu", "--threads", "1", "--out", str(out)]
+    assert main(args) == 0
+    assert "SGLang SPS table (12 probes) written" in capsys.readouterr().out
+    ours = SPSTable.load(out)
+    sglang = strict_json_loads((tmp_path / "sps.sglang.json").read_text())
+    assert set(sglang) == {"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}
+    assert sglang["sample_batch_tokens"] == list(range(1, 13)) and sglang["max_batch_tokens"] == 12
+    assert all(isinstance(b, int) for b in sglang["sample_batch_tokens"])
+    assert sglang["sample_steps_per_sec"] == ours.steps_per_s and ours.batch_sizes == list(range(1, 13))
+    assert read_sps(tmp_path / "sps.sglang.json") == sglang
+    assert main(args[:-2] + ["--out", str(tmp_path / "x.json"), "--max-batch-tokens", "1"]) == 2
+
+
+def test_sizes_sharing_a_request_count_share_one_prefilled_cache(tiny_target):
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    seen = []
+
+    def record(module, args, kwargs):
+        cache = kwargs.get("cache")
+        seen.append((tuple(kwargs["input_ids"].shape), cache.get_seq_length() if cache is not None else 0))
+
+    handle = model.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        # 9..16 tokens at 8 per request are all 2 requests; 17 needs 3.
+        measurements = profile_target(model, list(range(9, 18)), context_len=5, repeats=2, warmup=1)
+    finally:
+        handle.remove()
+    prefills = [shape for shape, cached in seen if cached == 0]
+    assert prefills == [(2, 5), (3, 5)]
+    assert all(cached == 5 for shape, cached in seen if cached)
+    assert [m.shape.requests for m in measurements] == [2] * 8 + [3]
+    assert [m.shape.tokens for m in measurements] == [10, 10, 12, 12, 14, 14, 16, 16, 18]
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ({"sample_batch_tokens": [1], "sample_steps_per_sec": [5.0], "max_batch_tokens": 1}, "one probe"),
+        ({"sample_batch_tokens": [1, 3, 2], "sample_steps_per_sec": [5.0, 4.0, 3.0], "max_batch_tokens": 3},
+         "strictly increasing"),
+        ({"sample_batch_tokens": [1.0, 2.0], "sample_steps_per_sec": [5.0, 4.0], "max_batch_tokens": 2}, "ints"),
+        ({"sample_batch_tokens": [1, 2], "sample_steps_per_sec": [5.0, float("nan")], "max_batch_tokens": 2},
+         "positive numbers"),
+        ({"sample_batch_tokens": [1, 2], "sample_steps_per_sec": [5.0, 4.0], "max_batch_tokens": 1}, ">= the last"),
+        ({"sample_batch_tokens": [1, 2], "sample_steps_per_sec": [5.0, 4.0], "max_batch_tokens": 2, "x": 1},
+         "unknown keys"),
+    ],
+)
+def test_sglang_table_schema_is_enforced(table, message):
+    with pytest.raises(ValueError, match=message):
+        check_sps(table)
 
 
 def test_profile_command_rejects_unsorted_sizes(tiny_target, tmp_path):
