@@ -38,8 +38,8 @@ def test_monotone_speeds_is_the_best_speed_at_any_larger_batch():
     assert monotone_speeds(raw) == [max(raw[i:]) for i in range(len(raw))]
 
 
-def test_every_timed_step_runs_the_planned_tokens_on_the_same_context(tiny_target):
-    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+def recorded_forwards(model, run):
+    """``run()``'s result and the (input shape, cached length) of every forward of ``model`` during it."""
     seen = []
 
     def record(module, args, kwargs):
@@ -48,9 +48,15 @@ def test_every_timed_step_runs_the_planned_tokens_on_the_same_context(tiny_targe
 
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        measurement = measure_batch_size(model, 12, context_len=9, repeats=3, warmup=2, max_tokens_per_request=8)
+        return run(), seen
     finally:
         handle.remove()
+
+
+def test_every_timed_step_runs_the_planned_tokens_on_the_same_context(tiny_target):
+    model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    measurement, seen = recorded_forwards(
+        model, lambda: measure_batch_size(model, 12, context_len=9, repeats=3, warmup=2, max_tokens_per_request=8))
     assert (measurement.shape.requests, measurement.shape.tokens_per_request) == (2, 6)
     assert seen[0] == ((2, 9), 0)  # the untimed prefill that builds the cache
     assert seen[1:] == [((2, 6), 9)] * 5  # warm-up and timed steps all see exactly the context
@@ -109,18 +115,9 @@ def test_dense_profile_writes_sglang_table(tiny_target, tmp_path, capsys):
 
 def test_sizes_sharing_a_request_count_share_one_prefilled_cache(tiny_target):
     model = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
-    seen = []
-
-    def record(module, args, kwargs):
-        cache = kwargs.get("cache")
-        seen.append((tuple(kwargs["input_ids"].shape), cache.get_seq_length() if cache is not None else 0))
-
-    handle = model.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        # 9..16 tokens at 8 per request are all 2 requests; 17 needs 3.
-        measurements = profile_target(model, list(range(9, 18)), context_len=5, repeats=2, warmup=1)
-    finally:
-        handle.remove()
+    # 9..16 tokens at 8 per request are all 2 requests; 17 needs 3.
+    measurements, seen = recorded_forwards(
+        model, lambda: profile_target(model, list(range(9, 18)), context_len=5, repeats=2, warmup=1))
     prefills = [shape for shape, cached in seen if cached == 0]
     assert prefills == [(2, 5), (3, 5)]
     assert all(cached == 5 for shape, cached in seen if cached)
