@@ -2,7 +2,7 @@
 
 Round trips (train-output dir -> fp32 export -> loader) must give bit-identical slot logits and confidences in
 every layout; the exporter must refuse incomplete checkpoints and mismatched label conventions; and the key /
-shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing written) must match FORMATS.md.
+shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing written) must match the serving layouts.
 """
 
 from __future__ import annotations
@@ -355,7 +355,7 @@ def test_validation_names_every_problem(tmp_path, target_dir):
         write_confidence_temperatures(out, [1.0, 1.0])
 
 
-# ---------------------------------------------------------------- Qwen3-8B plan on the meta device (FORMATS.md)
+# ---------------------------------------------------------------- Qwen3-8B plan on the meta device (serving layouts)
 
 QWEN3_8B = qwen3_reference_configs()["Qwen3-8B"]
 D, V, I, H, G, HD = 4096, 151936, 12288, 32, 8, 128

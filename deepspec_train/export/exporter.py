@@ -2,14 +2,19 @@
 
 ``export_drafter`` loads the drafter (training output or an earlier export) with the project's loader, plans the
 export (``plan_export``: the target's ``config.json`` plus the layout's fields, and the tensors under their
-serving names, which are already the modules' own names) and validates the plan with ``layouts.validate_layout``
-before a single byte is written; a plan with a missing field or tensor, or a wrong shape, is refused.
+serving names, which are already the modules' own names), validates the plan with ``layouts.validate_layout``
+and checks it against the engines' rules (``engine_rules.check_engines``: captured layers, refused tensors,
+needed fields) before a single byte is written; a plan with a missing field or tensor, a wrong shape, or one an
+engine would misread is refused. Next to the weights go a README.md (per engine: what it captures, the serve
+lines), the SGLang STS file when a calibration is given, and in the z-lab layout the ``dflash.py`` modeling file
+that ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads.
 
 Which drafter goes in which layout: DSpark -> ``dspark``; DFlash trained with DSpark labels -> ``dspark``
 (``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``; EAGLE-3 ->
-``eagle3``. Any other combination is refused: weights trained with one label convention compute something else
-under the other. The DSpark layout's ``embed_tokens`` / ``lm_head`` are copied from the target checkpoint so
-that engines which use the target's own heads get the same model.
+``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused: weights
+trained with one label convention compute something else under the other. The DSpark layout's
+``embed_tokens`` / ``lm_head`` are copied from the target checkpoint so that engines which use the target's own
+heads get the same model.
 
 Run as ``deepspec export --drafter RUN/drafter --target TARGET --out DIR`` (see ``deepspec_train.export.cli``).
 """
