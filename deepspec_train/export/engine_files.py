@@ -119,7 +119,8 @@ def check_sps(data: Any, where: str = "SPS table") -> None:
     """Raise ``ValueError`` (one line) unless ``data`` is an SPS table SGLang accepts and can use."""
     if not isinstance(data, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    probes, speeds, top = data.get("sample_batch_tokens"), data.get("sample_steps_per_sec"), data.get("max_batch_tokens")
+    probes, speeds = data.get("sample_batch_tokens"), data.get("sample_steps_per_sec")
+    top = data.get("max_batch_tokens")
     ints = isinstance(probes, list) and all(isinstance(b, int) and not isinstance(b, bool) for b in probes)
     if not ints or len(probes) < 2 or probes[0] < 1 or any(b <= a for a, b in zip(probes, probes[1:])):
         raise ValueError(f"{where}: sample_batch_tokens must be >= 2 strictly increasing ints >= 1 (one probe "

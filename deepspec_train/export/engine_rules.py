@@ -128,7 +128,8 @@ def _draft_vocab_problems(engine: str, config: Mapping[str, Any], tensors: Mappi
             ]
         return []
     if draft_vocab < vocab and "d2t" not in tensors:
-        return [f"draft_vocab_size {draft_vocab} < vocab_size {vocab} but no d2t: draft ids would be read as target ids"]
+        return [f"draft_vocab_size {draft_vocab} < vocab_size {vocab} but no d2t: draft ids would be read as target "
+                "ids"]
     if draft_vocab < vocab and "lm_head.weight" not in tensors:
         return [f"a reduced draft vocabulary ({draft_vocab}) needs its own lm_head.weight"]
     return []

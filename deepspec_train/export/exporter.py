@@ -275,7 +275,8 @@ def _checked_sts(sts_file: str | Path, plan: ExportPlan) -> dict[str, Any]:
     """The STS file, validated against the export it goes next to (a DSpark layout with a confidence head)."""
     sts = read_sts(sts_file)
     if plan.layout != "dspark" or not plan.config.get("enable_confidence_head"):
-        raise LayoutError(plan.layout, ["an STS calibration file only goes with a DSpark export with a confidence head"])
+        problem = "an STS calibration file only goes with a DSpark export with a confidence head"
+        raise LayoutError(plan.layout, [problem])
     if len(sts["temperatures"]) != plan.config["block_size"]:
         problem = f"{sts_file} has {len(sts['temperatures'])} temperatures, block_size is {plan.config['block_size']}"
         raise LayoutError(plan.layout, [problem])
