@@ -14,6 +14,7 @@ import pytest
 
 from deepspec_train.calibration.cli import survival_arrays
 from deepspec_train.cli import main
+from deepspec_train.export.engine_files import STS_FILENAME, read_sts, strict_json_loads, sts_payload
 from deepspec_train.export.loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.eval_traces import write_traces as write_trace_file
@@ -76,8 +77,12 @@ def test_calibrate_writes_temperatures_into_export(tmp_path, target_dir, capsys)
     printed = capsys.readouterr().out
     assert "6000 rounds (5 without confidence logits skipped)" in printed and "ECE before" in printed
 
-    report = json.loads((out / "calibration.json").read_text())
+    report = strict_json_loads((out / "calibration.json").read_text())
     temps = report["temperatures"]
+    sts = read_sts(out / STS_FILENAME)
+    assert sts == {"temperatures": temps, "num_samples": 6000, "ece_before": report["ece_before"],
+                   "ece_after": report["ece_after"], "dataset": "synthetic"}
+    assert read_sts(export_dir / STS_FILENAME) == sts
     assert len(temps) == BLOCK and report["n_bins"] == 10
     for k in range(BLOCK):
         assert report["ece_after"][k] < report["ece_before"][k]
@@ -111,3 +116,43 @@ def test_read_traces_rejects_impossible_rounds_naming_the_line(tmp_path):
     path.write_text(json.dumps({**trace(2, 1, [0.0, 0.0]).__dict__, "confidences": [0.5]}) + "\n")
     with pytest.raises(ValueError, match="confidences has 1 entries for 2 drafted tokens"):
         read_traces([path])
+
+
+def test_positions_without_data_stay_strict_json(tmp_path):
+    """Every round accepts position 1, so its AUROC is undefined: NaN metrics become null in calibration.json, an
+    ECE list with a position without data is left out of the STS file, and both parse strictly."""
+    path = tmp_path / "t.jsonl"
+    rng = np.random.default_rng(7)
+    write_trace_file(path, [trace(3, int(rng.integers(1, 4)), rng.normal(1.0, 1.5, size=3), r) for r in range(300)])
+    out = tmp_path / "calib"
+    assert main(["calibrate", "--traces", str(path), "--out", str(out), "--dataset", "gsm8k"]) == 0
+    text = (out / "calibration.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    report = strict_json_loads(text)
+    assert report["auroc_before"][0] is None and report["counts"][0] == 300
+    sts = strict_json_loads((out / STS_FILENAME).read_text())
+    assert sts == {"temperatures": report["temperatures"], "num_samples": 300, "dataset": "gsm8k",
+                   "ece_before": report["ece_before"], "ece_after": report["ece_after"]}
+    assert all(t > 0 for t in sts["temperatures"])
+    partial = sts_payload([1.0, 2.0], 10, ece_before=[0.1, float("nan")], ece_after=[0.05, 0.02])
+    assert partial == {"temperatures": [1.0, 2.0], "num_samples": 10, "ece_after": [0.05, 0.02]}
+    with pytest.raises(ValueError, match="non-standard JSON constant NaN"):
+        strict_json_loads('{"temperatures": [NaN]}')
+
+
+@pytest.mark.parametrize(
+    "sts, message",
+    [
+        ({"temperatures": []}, "non-empty list of positive numbers"),
+        ({"temperatures": [1.0, 0.0]}, "non-empty list of positive numbers"),
+        ({"temperatures": [1.0], "num_samples": 2.5}, "num_samples"),
+        ({"temperatures": [1.0], "ece_before": [None]}, "ece_before"),
+        ({"temperatures": [1.0], "dataset": 3}, "dataset"),
+        ({"temperatures": [1.0], "gamma": 7}, "unknown keys"),
+    ],
+)
+def test_sts_schema_is_enforced(sts, message):
+    from deepspec_train.export.engine_files import check_sts
+
+    with pytest.raises(ValueError, match=message):
+        check_sts(sts)

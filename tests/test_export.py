@@ -2,7 +2,7 @@
 
 Round trips (train-output dir -> fp32 export -> loader) must give bit-identical slot logits and confidences in
 every layout; the exporter must refuse incomplete checkpoints and mismatched label conventions; and the key /
-shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing written) must match FORMATS.md.
+shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing written) must match the serving layouts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
-from deepspec_train.export.layouts import LayoutError, eagle3_aux_ids, layer_ids_from_eagle3_aux, validate_layout
+from deepspec_train.export.layouts import (
+    LayoutError,
+    layer_ids_from_eagle3_config,
+    validate_layout,
+    vllm_eagle3_layer_ids,
+)
 from deepspec_train.export.loader import LoadedDrafter, load_exported_drafter
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
@@ -33,7 +38,7 @@ from deepspec_train.formats.trained_drafter import write_trained_drafter
 from tests.drafter_fixtures import random_loss_mask
 
 VOCAB, MASK_ID, HIDDEN, BLOCK, TARGET_LAYERS = 97, 96, 32, 4, 4
-LAYER_IDS = {"dspark": [0, 2], "dflash": [0, 2], "eagle3": [1, 1, 2]}
+LAYER_IDS = {"dspark": [0, 2], "dflash": [0, 2], "eagle3": [0, 1, 2]}
 
 
 def save_tiny_target(directory: Path) -> str:
@@ -151,7 +156,8 @@ def test_round_trip_is_bit_identical(tmp_path, target_dir, kind, labels, layout)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [{"dspark": "Qwen3DSparkModel", "zlab-dflash": "DFlashDraftModel",
                                         "eagle3": "LlamaForCausalLMEagle3"}[layout]]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    extra = ["dflash.py"] if layout == "zlab-dflash" else []
+    assert sorted(p.name for p in out.iterdir()) == sorted(["README.md", "config.json", "model.safetensors", *extra])
     # Only the export and the target go in: the training output must not be needed any more.
     for f in run.iterdir():
         f.unlink()
@@ -215,20 +221,36 @@ def test_eagle3_config_layer_ids_and_vocab_maps(tmp_path, target_dir):
     run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
     out = export_drafter(run, target_dir, tmp_path / "export")
     config = json.loads((out / "config.json").read_text())
-    # Decoder layers [1, 1, 2] are hidden_states [2, 2, 3], written in both places engines read.
-    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 2, 3]
-    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [2, 2, 3], "use_aux_hidden_state": True}
+    # Decoder layers [0, 1, 2]: vLLM reads the top level as hidden_states indices [1, 2, 3], SGLang reads
+    # eagle_config's as decoder layers (Qwen3 target: it captures before layer id + 1).
+    assert config["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3]
+    assert config["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [0, 1, 2], "use_aux_hidden_state": True}
     assert config["draft_vocab_size"] == 40 and config["num_hidden_layers"] == 1
     tensors = load_file(str(out / "model.safetensors"))
     assert tensors["d2t"].dtype == torch.int64 and tensors["t2d"].dtype == torch.bool
     assert "embed_tokens.weight" not in tensors and tensors["lm_head.weight"].shape == (40, HIDDEN)
 
 
+def test_full_vocab_eagle3_export_has_no_maps_and_loads(tmp_path, target_dir):
+    cfg = tiny_recipe("eagle3", target_dir, draft_vocab_size=None)
+    drafter = trained_drafter(cfg)
+    run = write_training_output(drafter, cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "d2t" not in tensors and "t2d" not in tensors and tensors["lm_head.weight"].shape == (VOCAB, HIDDEN)
+    assert json.loads((out / "config.json").read_text())["draft_vocab_size"] == VOCAB
+    loaded = load_exported_drafter(out, target_path=target_dir)
+    assert torch.equal(loaded.module.d2t, torch.zeros(VOCAB, dtype=torch.long)) and bool(loaded.module.t2d.all())
+    batch = random_batch("eagle3", 1)
+    assert torch.equal(drafter_outputs(drafter, batch)["logits"], drafter_outputs(loaded.module, batch)["logits"])
+
+
 def test_eagle3_layer_id_conversion():
-    assert eagle3_aux_ids([1, 17, 32]) == [2, 18, 33]
-    assert layer_ids_from_eagle3_aux([2, 18, 33]) == [1, 17, 32]
-    with pytest.raises(LayoutError, match="decoder layer 0"):
-        eagle3_aux_ids([0, 5, 9])
+    assert vllm_eagle3_layer_ids([1, 17, 32]) == [2, 18, 33]
+    both = {"eagle_aux_hidden_state_layer_ids": [2, 18, 33],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 17, 32]}}
+    assert layer_ids_from_eagle3_config(both) == [1, 17, 32]
+    assert layer_ids_from_eagle3_config({"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}) == [0, 1, 2]
 
 
 def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
@@ -267,11 +289,17 @@ def test_exporter_refuses_mismatched_label_convention(tmp_path, target_dir, kind
     assert not (tmp_path / "export").exists()
 
 
-def test_exporter_refuses_eagle3_tapping_layer_zero(tmp_path, target_dir):
+def test_exporter_refuses_unsorted_or_repeated_eagle3_taps(tmp_path, target_dir):
     cfg = tiny_recipe("eagle3", target_dir)
-    cfg.target.layer_ids = [0, 1, 2]
+    # Recipes refuse unsorted taps (config.rules); a drafter trained with them anyway is refused at export.
+    cfg.target.layer_ids = [2, 0, 1]
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "unsorted")
+    with pytest.raises(ValueError, match=r"not in increasing order.*target.layer_ids=\[0, 1, 2\]"):
+        export_drafter(run, target_dir, tmp_path / "export")
+    # Repeated taps train, but every engine captures a layer once: the export is refused, nothing written.
+    cfg.target.layer_ids = [1, 1, 2]
     run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
-    with pytest.raises(LayoutError, match="decoder layer 0"):
+    with pytest.raises(ValueError, match=r"vllm: captures decoder-layer outputs \[1, 2\].*trained on \[1, 1, 2\]"):
         export_drafter(run, target_dir, tmp_path / "export")
     assert not (tmp_path / "export").exists()
 
@@ -329,7 +357,7 @@ def test_validation_names_every_problem(tmp_path, target_dir):
         write_confidence_temperatures(out, [1.0, 1.0])
 
 
-# ---------------------------------------------------------------- Qwen3-8B plan on the meta device (FORMATS.md)
+# ---------------------------------------------------------------- Qwen3-8B plan on the meta device (serving layouts)
 
 QWEN3_8B = qwen3_reference_configs()["Qwen3-8B"]
 D, V, I, H, G, HD = 4096, 151936, 12288, 32, 8, 128
@@ -423,9 +451,9 @@ def test_qwen3_8b_eagle3_plan_matches_formats():
                      "lm_head.weight": (32000, D), "d2t": (32000,), "t2d": (V,)})
     assert plan_shapes(plan) == expected
     assert plan.tensors["d2t"].dtype == torch.int64 and plan.tensors["t2d"].dtype == torch.bool
-    # FORMATS.md's default hidden-state indices for 36 layers: [2, L//2, L-3].
+    # The engines' default hidden-state indices for 36 layers, [2, L//2, L-3], are decoder layers [1, 17, 32].
     assert plan.config["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]
-    assert plan.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 18, 33]
+    assert plan.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 17, 32]
     assert (plan.config["architectures"], plan.config["model_type"]) == (["LlamaForCausalLMEagle3"], "llama")
     assert (plan.config["draft_vocab_size"], plan.config["target_hidden_size"], plan.config["rope_theta"]) == (
         32000, D, 1e6)
@@ -434,14 +462,31 @@ def test_qwen3_8b_eagle3_plan_matches_formats():
 
 def test_export_cli_with_calibration_and_refusal(tmp_path, target_dir, capsys):
     from deepspec_train.cli import main
+    from deepspec_train.export.engine_files import STS_FILENAME, read_sts, strict_json_loads
 
     cfg = tiny_recipe("dspark", target_dir)
     run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
-    calib = tmp_path / "calibration.json"
-    calib.write_text(json.dumps({"temperatures": [1.5, 2.0, 2.5, 3.0]}))
+    calib = tmp_path / "calib" / "calibration.json"
+    calib.parent.mkdir()
+    sts = {"temperatures": [1.5, 2.0, 2.5, 3.0], "num_samples": 100, "ece_before": [0.1] * 4, "ece_after": [0.01] * 4}
+    calib.write_text(json.dumps({"temperatures": [9.0] * 4}))
+    (calib.parent / STS_FILENAME).write_text(json.dumps(sts))
     argv = ["export", "--drafter", str(run), "--target", target_dir, "--out", str(tmp_path / "out"), "--dtype", "fp32"]
-    assert main(argv + ["--calibration", str(calib)]) == 0
-    assert "1.500 2.000 2.500 3.000" in capsys.readouterr().out
+    assert main(argv + ["--calibration", str(calib), "--sps", "sps.sglang.json"]) == 0
+    printed = capsys.readouterr().out
+    assert "1.500 2.000 2.500 3.000" in printed
+    # The 4-layer target's taps [0, 2] are what both engines capture; the serve lines use the export's paths.
+    assert "vllm: captures the outputs of target decoder layers 0 2" in printed
+    assert "sglang: captures the outputs of target decoder layers 0 2" in printed
+    assert '"enable_adaptive_verification":true' in printed and "SGLANG_RAGGED_VERIFY_MODE=compact" in printed
+    assert f"--speculative-dspark-confidence-sts-path {tmp_path / 'out' / STS_FILENAME}" in printed
+    assert "--speculative-dspark-sps-table-path sps.sglang.json" in printed
     assert load_exported_drafter(tmp_path / "out").confidence_temperatures == [1.5, 2.0, 2.5, 3.0]
+    assert read_sts(tmp_path / "out" / STS_FILENAME) == sts
+    strict_json_loads((tmp_path / "out" / STS_FILENAME).read_text())
+    readme = (tmp_path / "out" / "README.md").read_text()
+    assert "--speculative-algorithm DSPARK" in readme and '"method":"dspark"' in readme
     assert main(argv[:-2] + ["--layout", "eagle3", "--out", str(tmp_path / "bad")]) == 1
     assert "export refused" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(argv[:-2] + ["--out", str(tmp_path / "bad"), "--calibration", str(tmp_path / "none.json")]) == 1
+    assert "no sglang_sts.json beside it" in capsys.readouterr().err and not (tmp_path / "bad").exists()

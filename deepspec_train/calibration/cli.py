@@ -1,21 +1,28 @@
 """``deepspec calibrate``: sequential temperature scaling of the confidence head from evaluator traces.
 
-    deepspec calibrate --traces eval/traces.jsonl [--traces more.jsonl] --out calib/ [--drafter exports/dspark]
+    deepspec calibrate --traces eval/traces.jsonl [--traces more.jsonl] --out calib/ [--drafter exports/dspark] \
+        [--dataset NAME]
 
 Each trace line is one verification round of ``deepspec eval --save-traces`` (``drafted`` K, ``accepted`` n,
 ``confidence_logits`` [z_1..z_K]). Position k of a round is valid when k <= drafted, and it survived when
 accepted >= k. Rounds without confidence logits (a drafter without a confidence head) are skipped and counted.
 The command fits the per-position temperatures (``sequential_temperature_scaling``), prints ECE (10 bins),
-AUROC and Brier of cumulative survival per position before and after, and writes ``DIR/calibration.json``
-(temperatures and metrics) and ``DIR/reliability.png`` (one reliability diagram per position, before vs after).
+AUROC and Brier of cumulative survival per position before and after, and writes
+
+- ``DIR/calibration.json``: temperatures and metrics (strict JSON: a metric without data is ``null``);
+- ``DIR/sglang_sts.json``: SGLang's STS file (``--speculative-dspark-confidence-sts-path``): the temperatures,
+  ``num_samples`` (rounds used), per-position ``ece_before`` / ``ece_after`` when every position has data, and
+  ``dataset`` (``--dataset``, default the trace suites' names);
+- ``DIR/reliability.png``: one reliability diagram per position, before vs after.
+
 With ``--drafter`` naming an exported DSpark directory, the temperatures are stored in its config.json as
-``confidence_temperatures``.
+``confidence_temperatures`` (read by this project's loader; no engine reads them) and the STS file is copied
+next to it. ``deepspec export --calibration DIR/calibration.json`` does the same at export time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -26,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
+from deepspec_train.export.engine_files import STS_FILENAME, sts_payload, write_strict_json
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.figures import new_figure, save_png
 from deepspec_train.metrics.calibration import ReliabilityCurve, reliability_curve
@@ -41,6 +49,7 @@ class TraceArrays:
     survived: np.ndarray
     valid: np.ndarray
     skipped: int
+    suites: list[str]
 
 
 def survival_arrays(rounds: Sequence[TraceRound]) -> TraceArrays:
@@ -57,7 +66,8 @@ def survival_arrays(rounds: Sequence[TraceRound]) -> TraceArrays:
         logits[n, : len(r.confidence_logits)] = r.confidence_logits
         valid[n] = positions <= r.drafted
         survived[n] = valid[n] & (positions <= r.accepted)
-    return TraceArrays(logits=logits, survived=survived, valid=valid, skipped=len(rounds) - len(scored))
+    suites = sorted({r.suite for r in scored})
+    return TraceArrays(logits=logits, survived=survived, valid=valid, skipped=len(rounds) - len(scored), suites=suites)
 
 
 def plot_cumulative_reliability(
@@ -96,7 +106,9 @@ def _position_curves(survival: np.ndarray, traces: TraceArrays) -> list[Reliabil
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traces", action="append", required=True, help="trace JSONL from `deepspec eval`; repeatable")
     parser.add_argument("--out", required=True, help="directory for calibration.json and reliability.png")
-    parser.add_argument("--drafter", default=None, help="exported DSpark directory whose config gets the temperatures")
+    parser.add_argument("--drafter", default=None,
+                        help="exported DSpark directory whose config gets the temperatures (and the STS file)")
+    parser.add_argument("--dataset", default=None, help="name recorded in the STS file (default: the trace suites)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,13 +127,16 @@ def run(args: argparse.Namespace) -> int:
         "skipped_rounds": traces.skipped,
         "traces": [str(p) for p in args.traces],
     }
-    (out / "calibration.json").write_text(json.dumps(report, indent=2) + "\n")
+    write_strict_json(out / "calibration.json", report)
+    dataset = args.dataset or "+".join(traces.suites) or None
+    sts = sts_payload(result.temperatures, report["num_rounds"], result.ece_before, result.ece_after, dataset)
+    write_strict_json(out / STS_FILENAME, sts)
     before = _position_curves(cumulative_survival(traces.logits, np.ones(traces.logits.shape[1])), traces)
     after = _position_curves(cumulative_survival(traces.logits, result.temperatures), traces)
     plot_cumulative_reliability(before, after, out / "reliability.png")
     print(f"{report['num_rounds']} rounds ({traces.skipped} without confidence logits skipped)")
     print("\n".join(result.summary_lines()))
-    print(f"wrote {out / 'calibration.json'} and {out / 'reliability.png'}")
+    print(f"wrote {out / 'calibration.json'}, {out / STS_FILENAME} and {out / 'reliability.png'}")
     if args.drafter:
         # Imported here so that calibrating without an export does not load the model stack.
         from deepspec_train.export.exporter import write_confidence_temperatures
@@ -131,5 +146,6 @@ def run(args: argparse.Namespace) -> int:
         except (ValueError, OSError) as err:
             print(f"error: temperatures not stored in {args.drafter}: {err}", file=sys.stderr)
             return 1
-        print(f"stored confidence_temperatures in {path}")
+        write_strict_json(Path(args.drafter) / STS_FILENAME, sts)
+        print(f"stored confidence_temperatures in {path} and {Path(args.drafter) / STS_FILENAME} beside it")
     return 0

@@ -2,14 +2,19 @@
 
 ``export_drafter`` loads the drafter (training output or an earlier export) with the project's loader, plans the
 export (``plan_export``: the target's ``config.json`` plus the layout's fields, and the tensors under their
-serving names, which are already the modules' own names) and validates the plan with ``layouts.validate_layout``
-before a single byte is written; a plan with a missing field or tensor, or a wrong shape, is refused.
+serving names, which are already the modules' own names), validates the plan with ``layouts.validate_layout``
+and checks it against the engines' rules (``engine_rules.check_engines``: captured layers, refused tensors,
+needed fields) before a single byte is written; a plan with a missing field or tensor, a wrong shape, or one an
+engine would misread is refused. Next to the weights go a README.md (per engine: what it captures, the serve
+lines), the SGLang STS file when a calibration is given, and in the z-lab layout the ``dflash.py`` modeling file
+that ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads.
 
 Which drafter goes in which layout: DSpark -> ``dspark``; DFlash trained with DSpark labels -> ``dspark``
 (``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``; EAGLE-3 ->
-``eagle3``. Any other combination is refused: weights trained with one label convention compute something else
-under the other. The DSpark layout's ``embed_tokens`` / ``lm_head`` are copied from the target checkpoint so
-that engines which use the target's own heads get the same model.
+``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused: weights
+trained with one label convention compute something else under the other. The DSpark layout's
+``embed_tokens`` / ``lm_head`` are copied from the target checkpoint so that engines which use the target's own
+heads get the same model.
 
 Run as ``deepspec export --drafter RUN/drafter --target TARGET --out DIR`` (see ``deepspec_train.export.cli``).
 """
@@ -30,14 +35,17 @@ import yaml
 from safetensors.torch import save_file
 
 from deepspec_train.config.schema import AnchorConfig
+from deepspec_train.export.engine_files import STS_FILENAME, read_sts, write_strict_json
+from deepspec_train.export.engine_rules import check_engines
+from deepspec_train.export.export_readme import README_FILE, ZLAB_MODELING_FILE, export_readme, zlab_modeling_source
 from deepspec_train.export.layouts import (
     ARCHITECTURES,
-    OMITTED_TENSORS,
     MARKOV_HEAD_TYPE,
+    OMITTED_TENSORS,
     LayoutError,
-    eagle3_aux_ids,
     layout_of_config,
     validate_layout,
+    vllm_eagle3_layer_ids,
 )
 from deepspec_train.export.loader import (
     EXPORT_CONFIG,
@@ -47,6 +55,7 @@ from deepspec_train.export.loader import (
     read_tensor_specs,
     resolve_drafter_dir,
 )
+from deepspec_train.kinds.eagle3 import check_eagle3_taps
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.head_weights import load_head_weights
@@ -130,16 +139,22 @@ def _layout_fields(
             "num_target_layers": geometry.num_target_layers,
             "block_size": loaded.block_size,
             "dflash_config": {"mask_token_id": loaded.mask_token_id, "target_layer_ids": list(loaded.target_layer_ids)},
+            # AutoModel.from_pretrained(DIR, trust_remote_code=True) builds the drafter from the dflash.py written
+            # next to the weights (without it transformers silently builds a plain Qwen3Model).
+            "auto_map": {"AutoModel": f"{ZLAB_MODELING_FILE.removesuffix('.py')}.DFlashDraftModel"},
         }
-    aux = eagle3_aux_ids(loaded.target_layer_ids)
+    layer_ids = list(loaded.target_layer_ids)
+    check_eagle3_taps(layer_ids, geometry.num_target_layers)
     return {
         "model_type": "llama",
         "draft_vocab_size": int(module.d2t.shape[0]),
         "tie_word_embeddings": False,
         "target_hidden_size": geometry.hidden_size,
         "rope_theta": geometry.rope_theta,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True},
-        "eagle_aux_hidden_state_layer_ids": aux,
+        # SGLang reads only eagle_config's ids, as decoder layers (ours); vLLM reads the top level first, as
+        # hidden-state indices (ours + 1).
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": vllm_eagle3_layer_ids(layer_ids),
         "num_target_layers": geometry.num_target_layers,
         "block_size": loaded.block_size,
     }
@@ -175,10 +190,14 @@ def plan_export(
         torch_dtype=dtype_name,
     )
     config.update(_layout_fields(loaded, layout, num_anchors, confidence_temperatures))
+    omitted = set(OMITTED_TENSORS[layout])
+    if layout == "eagle3" and module.d2t.shape[0] == module.geometry.vocab_size:
+        # A full draft vocabulary is the identity map (draft ids are sorted target ids): ship no maps.
+        omitted |= {"d2t", "t2d"}
     tensors = {
         name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).contiguous()
         for name, t in module.state_dict().items()
-        if name not in OMITTED_TENSORS[layout]
+        if name not in omitted
     }
     validate_layout(layout, config, tensors)
     return ExportPlan(layout=layout, config=config, tensors=tensors)
@@ -213,10 +232,16 @@ def export_drafter(
     layout: str | None = None,
     confidence_temperatures: Sequence[float] | None = None,
     dtype: torch.dtype = torch.bfloat16,
+    engines: Sequence[str] | None = None,
+    sts_file: str | Path | None = None,
 ) -> Path:
     """Export the drafter at ``drafter_dir`` for the target at ``target_path`` into ``out_dir``; returns it.
 
-    Temperatures default to those already in ``drafter_dir`` (an earlier calibrated export)."""
+    Temperatures default to those already in ``drafter_dir`` (an earlier calibrated export). Before a byte is
+    written, the plan is checked against the engines' rules (``engine_rules.check_engines``: ``engines`` default to
+    every engine that serves the layout); a refused export raises ``EngineRuleError``. ``sts_file`` (SGLang's STS
+    calibration file from ``deepspec calibrate``) is validated and copied next to the export. The export also gets
+    a README.md (how each engine serves it) and, in the z-lab layout, the dflash.py modeling file."""
     target_path = str(target_path)
     loaded = load_exported_drafter(drafter_dir, target_path)
     target_config = json.loads((Path(target_path) / "config.json").read_text())
@@ -228,10 +253,30 @@ def export_drafter(
         temperatures = loaded.confidence_temperatures
     plan = plan_export(loaded, target_config, layout, temperatures, recorded_num_anchors(drafter_dir), dtype)
     out = Path(out_dir)
+    readings = check_engines(plan.config, plan.tensors, target_config, loaded.target_layer_ids, engines,
+                             target_path, str(out))
+    sts = _checked_sts(sts_file, plan) if sts_file is not None else None
     out.mkdir(parents=True, exist_ok=True)
     save_file(plan.tensors, str(out / EXPORT_WEIGHTS), metadata={"format": "pt"})
     _write_json(out / EXPORT_CONFIG, plan.config)
+    if layout == "zlab-dflash":
+        (out / ZLAB_MODELING_FILE).write_text(zlab_modeling_source())
+    if sts is not None:
+        write_strict_json(out / STS_FILENAME, sts)
+    (out / README_FILE).write_text(export_readme(plan.config, readings))
     return out
+
+
+def _checked_sts(sts_file: str | Path, plan: ExportPlan) -> dict[str, Any]:
+    """The STS file, validated against the export it goes next to (a DSpark layout with a confidence head)."""
+    sts = read_sts(sts_file)
+    if plan.layout != "dspark" or not plan.config.get("enable_confidence_head"):
+        problem = "an STS calibration file only goes with a DSpark export with a confidence head"
+        raise LayoutError(plan.layout, [problem])
+    if len(sts["temperatures"]) != plan.config["block_size"]:
+        problem = f"{sts_file} has {len(sts['temperatures'])} temperatures, block_size is {plan.config['block_size']}"
+        raise LayoutError(plan.layout, [problem])
+    return sts
 
 
 def write_confidence_temperatures(export_dir: str | Path, temperatures: Sequence[float]) -> Path:

@@ -1,26 +1,31 @@
 """What each serving layout must contain, and the one validation that exporter and loader both run.
 
-Three layouts (facts checked against the vLLM 0.33 and SGLang 0.5.23 loaders):
+Three layouts, each the format a serving engine loads (vLLM 0.33, SGLang 0.5.23):
 
 - ``dspark``: DeepSpec's release layout (``Qwen3DSparkModel``), read by vLLM and SGLang. Also the layout of a
   DFlash trained with DSpark labels (``markov_rank 0``, no confidence head). Our addition: an optional
   ``confidence_temperatures`` list (one calibrated temperature per block position, written by
-  ``deepspec calibrate``; current engines ignore it, absent means all 1.0).
+  ``deepspec calibrate``; no engine reads it: SGLang takes temperatures from its STS file, absent means 1.0).
 - ``zlab-dflash``: z-lab's ``DFlashDraftModel``; only for a DFlash trained with z-lab labels.
-- ``eagle3``: SGLang's ``LlamaForCausalLMEagle3`` with the draft-vocabulary maps ``d2t`` / ``t2d``. Our
-  additions, ignored by engines: ``block_size`` (TTT steps) and ``num_target_layers``.
+- ``eagle3``: SGLang's ``LlamaForCausalLMEagle3``; the draft-vocabulary maps ``d2t`` / ``t2d`` only for a
+  reduced draft vocabulary. Our additions, ignored by engines: ``block_size`` (TTT steps) and
+  ``num_target_layers``.
 
 ``validate_layout(layout, config, tensors)`` checks a config dict and a name -> tensor (or ``TensorSpec``) map
 against the layout: every required config field with a usable value, every required tensor with the shape the
 config implies and the right dtype family, no unexpected tensor (a wrapper prefix such as ``model.`` shows up as
-missing + unexpected). It raises ``LayoutError`` listing every problem, so an export is never half right.
+missing + unexpected). It raises ``LayoutError`` listing every problem, so an export is never half right. What
+each engine then makes of a valid checkpoint (which layers it captures, which tensors it refuses) is
+``engine_rules``' business.
 
 Layer ids. Our ``target_layer_ids`` are 0-indexed decoder layers: id ``k`` is the output of decoder layer ``k``,
 which is transformers' ``hidden_states[k + 1]`` (``hidden_states[0]`` is the embedding output). DSpark and
-z-lab DFlash configs use the same convention, so their ids are written unchanged. EAGLE-3 configs hold
-hidden-state indices (vLLM: the state entering layer ``L`` = ``hidden_states[L]``), so ``eagle3_aux_ids`` adds 1.
-SGLang adds one more when the first id is 1 (it then reads the list as decoder-layer ids), so an export whose
-first hidden-state index would be 1 (our first tap is decoder layer 0) is ambiguous and refused.
+z-lab DFlash configs use the same convention, so their ids are written unchanged (both engines add 1 inside).
+EAGLE-3 configs carry two fields in two conventions: the top-level ``eagle_aux_hidden_state_layer_ids``, read
+first by vLLM, holds hidden-state indices (vLLM captures the state entering layer ``L`` = ``hidden_states[L]``),
+so ours + 1 (``vllm_eagle3_layer_ids``); ``eagle_config.eagle_aux_hidden_state_layer_ids``, the only field
+SGLang reads, holds decoder-layer ids for Qwen3 / Llama / Qwen2 targets (SGLang captures before layer
+``id + 1``), so ours unchanged.
 """
 
 from __future__ import annotations
@@ -78,21 +83,18 @@ def layout_of_config(config: Mapping[str, Any]) -> str:
     raise LayoutError("unknown", [f"architectures {archs} is none of {sorted(ARCHITECTURES.values())}"])
 
 
-def eagle3_aux_ids(layer_ids: list[int]) -> list[int]:
-    """Our 0-indexed decoder-layer ids -> EAGLE-3 hidden-state indices (``k -> k + 1``); see the module docstring."""
-    aux = [int(k) + 1 for k in layer_ids]
-    if aux and aux[0] == 1:
-        problem = (
-            f"target_layer_ids {list(layer_ids)} start at decoder layer 0 = hidden-state index 1, which SGLang "
-            "reads as the old decoder-layer convention and shifts; train EAGLE-3 with a first tap >= 1"
-        )
-        raise LayoutError("eagle3", [problem])
-    return aux
+def vllm_eagle3_layer_ids(layer_ids: list[int]) -> list[int]:
+    """Our decoder-layer ids -> the top-level EAGLE-3 field vLLM reads (hidden-state indices, ``k -> k + 1``)."""
+    return [int(k) + 1 for k in layer_ids]
 
 
-def layer_ids_from_eagle3_aux(aux_ids: list[int]) -> list[int]:
-    """Inverse of ``eagle3_aux_ids`` for a validated config (first index never 1)."""
-    return [int(i) - 1 for i in aux_ids]
+def layer_ids_from_eagle3_config(config: Mapping[str, Any]) -> list[int]:
+    """Our decoder-layer ids from an EAGLE-3 config: ``eagle_config``'s ids (already ours), else the top-level
+    hidden-state indices minus 1."""
+    eagle = config.get("eagle_config")
+    if isinstance(eagle, Mapping) and "eagle_aux_hidden_state_layer_ids" in eagle:
+        return [int(i) for i in eagle["eagle_aux_hidden_state_layer_ids"]]
+    return [int(i) - 1 for i in config["eagle_aux_hidden_state_layer_ids"]]
 
 
 class _ConfigCheck:
@@ -323,30 +325,37 @@ def _eagle3(check: _ConfigCheck) -> dict[str, TensorSpec] | None:
     if g is not None and "target_hidden_size" in check.config:
         check.equals("target_hidden_size", g.d)
     eagle = check.mapping("eagle_config")
-    high = None if num_target is None else num_target + 1
-    aux = check.id_list("eagle_aux_hidden_state_layer_ids", 1, high)
+    # Our ids are decoder layers 0..L-2 (the last layer's output enters no layer, so no engine captures it).
+    top = check.id_list("eagle_aux_hidden_state_layer_ids", 1, num_target)
+    ours = None
     if eagle is not None:
         check.equals("use_aux_hidden_state", True, eagle, "eagle_config.")
-        check.equals("eagle_aux_hidden_state_layer_ids", aux, eagle, "eagle_config.")
-    if aux is not None:
-        if len(aux) != 3:
-            check.problems.append(f"eagle_aux_hidden_state_layer_ids {aux} must name 3 hidden states")
-        if aux[0] == 1:
-            check.problems.append("eagle_aux_hidden_state_layer_ids starts with 1, which SGLang shifts by one")
-    if None in (g, draft_vocab, aux):
+        high = None if num_target is None else num_target - 1
+        ours = check.id_list("eagle_aux_hidden_state_layer_ids", 0, high, eagle, "eagle_config.")
+    if top is not None:
+        if len(top) != 3:
+            check.problems.append(f"eagle_aux_hidden_state_layer_ids {top} must name 3 hidden states")
+        if ours is not None and top != vllm_eagle3_layer_ids(ours):
+            check.problems.append(
+                f"eagle_config.eagle_aux_hidden_state_layer_ids {ours} must be the top-level ids {top} minus 1 "
+                "(eagle_config holds decoder-layer ids for SGLang, the top level hidden-state indices for vLLM)"
+            )
+    if None in (g, draft_vocab, top):
         return None
     f = torch.float32
     tensors = _decoder_layer_tensors("midlayer.", g, 2 * g.d, qk_norm=False)
     tensors.update(
         {
             "midlayer.hidden_norm.weight": TensorSpec((g.d,), f),
-            "fc.weight": TensorSpec((g.d, len(aux) * g.d), f),
+            "fc.weight": TensorSpec((g.d, len(top) * g.d), f),
             "norm.weight": TensorSpec((g.d,), f),
             "lm_head.weight": TensorSpec((draft_vocab, g.d), f),
-            "d2t": TensorSpec((draft_vocab,), torch.int64),
-            "t2d": TensorSpec((g.vocab,), torch.bool),
         }
     )
+    # A full draft vocabulary is the identity map: no maps (vLLM has no parameter to load a d2t into then).
+    if draft_vocab < g.vocab:
+        tensors["d2t"] = TensorSpec((draft_vocab,), torch.int64)
+        tensors["t2d"] = TensorSpec((g.vocab,), torch.bool)
     return tensors
 
 

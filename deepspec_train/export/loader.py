@@ -32,7 +32,7 @@ from deepspec_train.export.layouts import (
     OMITTED_TENSORS,
     TensorSpec,
     check_draft_vocab,
-    layer_ids_from_eagle3_aux,
+    layer_ids_from_eagle3_config,
     layout_of_config,
     validate_layout,
 )
@@ -224,7 +224,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         )
         geometry = _export_geometry(config, config["num_target_layers"])
     else:
-        layer_ids, mask_id = layer_ids_from_eagle3_aux(config["eagle_aux_hidden_state_layer_ids"]), None
+        layer_ids, mask_id = layer_ids_from_eagle3_config(config), None
         block = config.get("block_size", DEFAULT_EAGLE3_BLOCK)
         drafter_cfg = DrafterConfig(
             kind=kind, num_layers=1, block_size=block, ttt_steps=block, markov_rank=0, confidence_head=False,

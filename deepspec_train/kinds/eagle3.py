@@ -58,6 +58,30 @@ def _problems(cfg: RecipeConfig) -> list[str]:
     return problems
 
 
+def check_eagle3_taps(layer_ids: list[int], num_target_layers: int) -> None:
+    """Refuse EAGLE-3 taps that no serving engine can feed back in the trained order (one-line ``ValueError``).
+
+    vLLM and SGLang capture the residual stream entering each chosen decoder layer while they walk the layers in
+    order, so ``fc``'s input columns always come in increasing layer order, and the last layer's output (it
+    enters no layer) is never available. Taps must therefore be 3 non-decreasing decoder-layer ids in
+    ``0..L-2``. Repeated ids train, but each engine captures a layer once, so their export is refused later.
+    """
+    ids = list(layer_ids)
+    if len(ids) != NUM_FUSED_LAYERS or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers (ints), got target.layer_ids={ids}")
+    if ids != sorted(ids):
+        raise ValueError(
+            f"EAGLE-3 target.layer_ids={ids} are not in increasing order; the engines feed fc in layer order, "
+            f"so train with target.layer_ids={sorted(ids)}"
+        )
+    last = num_target_layers - 2
+    if ids[0] < 0 or ids[-1] > last:
+        raise ValueError(
+            f"EAGLE-3 target.layer_ids={ids} must be decoder layers 0..{last} of the {num_target_layers}-layer "
+            "target (engines capture the state entering a layer, never the last layer's output)"
+        )
+
+
 def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
            token_counts: Optional[torch.Tensor]) -> nn.Module:
     import torch

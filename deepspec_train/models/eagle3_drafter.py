@@ -183,7 +183,7 @@ class Eagle3Drafter(nn.Module):
         self.midlayer = Eagle3MidLayer(geometry)
         self.norm = RMSNorm(d, geometry.rms_norm_eps)
         self.lm_head = nn.Linear(d, draft_vocab.size, bias=False)
-        self.rotary = RotaryEmbedding(geometry.head_dim, geometry.rope_theta)
+        self.rotary = RotaryEmbedding.for_geometry(geometry)
         self.register_buffer("d2t", torch.empty(draft_vocab.size, dtype=torch.long))
         self.register_buffer("t2d", torch.empty(geometry.vocab_size, dtype=torch.bool))
         self.load_draft_vocab(draft_vocab)
@@ -238,8 +238,14 @@ class Eagle3Drafter(nn.Module):
         attn = self.midlayer.self_attn
 
         entries = _context_entries(batch)
+        # One length for every rotary call of this forward, so dynamic RoPE scaling rotates all keys and queries
+        # with the same frequencies (the largest position any step reaches, + 1).
+        last = [entries.pos.max()] if entries.pos.numel() else []
+        if nb and num_steps:
+            last.append((batch.block_anchor + num_steps - 1).max())
+        seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
         ctx_x = self.midlayer.fused_input(self.embed_tokens(entries.tokens), self.fc(entries.features.to(dtype)))
-        ctx_k, ctx_v = attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos))
+        ctx_k, ctx_v = attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos, seq_len))
 
         prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
         if not bool(found.all()):
@@ -252,7 +258,7 @@ class Eagle3Drafter(nn.Module):
         keys, values, outputs = [ctx_k], [ctx_v], []
         for k in range(num_steps):
             positions = batch.block_anchor + k
-            cos, sin = self.rotary.cos_sin(positions)
+            cos, sin = self.rotary.cos_sin(positions, seq_len)
             x = self.midlayer.fused_input(self.embed_tokens(batch.block_prev[:, k]), hidden)
             q = attn.queries(x, cos, sin)
             step_k, step_v = attn.keys_values(x, cos, sin)

@@ -152,7 +152,7 @@ class ParallelDrafter(nn.Module):
         self.layers = nn.ModuleList(ParallelDecoderLayer(geometry) for _ in range(drafter_cfg.num_layers))
         self.norm = RMSNorm(d, geometry.rms_norm_eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
-        self.rotary = RotaryEmbedding(geometry.head_dim, geometry.rope_theta)
+        self.rotary = RotaryEmbedding.for_geometry(geometry)
         self.markov_head = MarkovHead(vocab, rank) if rank > 0 else None
         self.confidence_head = ConfidenceHead(d, rank) if drafter_cfg.confidence_head else None
         self.reset_parameters()
@@ -181,9 +181,11 @@ class ParallelDrafter(nn.Module):
     def _rotary(self, batch: PackedBatch) -> _Rotary:
         slot_pos = batch.slot_positions().reshape(1, -1)
         key_pos = torch.cat([batch.ctx_pos.reshape(1, -1), slot_pos], dim=1)
-        query_cos, query_sin = self.rotary.cos_sin(slot_pos)
+        # One call for keys and queries (the queries are the keys' last rows): dynamic RoPE scaling then uses
+        # the same frequencies for both, as the target's single forward does.
         key_cos, key_sin = self.rotary.cos_sin(key_pos)
-        return _Rotary(query_cos, query_sin, key_cos, key_sin)
+        queries = slot_pos.shape[1]
+        return _Rotary(key_cos[:, -queries:], key_sin[:, -queries:], key_cos, key_sin)
 
     def backbone(
         self, batch: PackedBatch, attention: AttentionBackend = "sdpa", compiled: bool = False

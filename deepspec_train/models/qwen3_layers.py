@@ -1,8 +1,7 @@
 """Qwen3-style building blocks shared by every drafter (RMSNorm, rotary embeddings, SwiGLU, GQA attention).
 
-Parameter names are Qwen3's own decoder-layer names, which the DSpark and z-lab DFlash serving layouts keep
-(``input_layernorm``, ``self_attn.q_proj`` ..., ``mlp.gate_proj`` ...), so a drafter's ``state_dict`` is already
-the export layout.
+Parameter names follow the serving layouts' shared decoder layer (``export.layouts``: ``input_layernorm``,
+``self_attn.q_proj`` ..., ``mlp.gate_proj`` ...) so that a drafter's ``state_dict`` is already the export layout.
 
 Tensor layout for attention: ``[batch, heads, tokens, head_dim]`` (the layout of SDPA and flex_attention).
 ``apply_rotary`` takes ``x [..., heads, T, head_dim]`` and ``cos``/``sin`` ``[..., T, head_dim]``.
@@ -10,12 +9,16 @@ Tensor layout for attention: ``[batch, heads, tokens, head_dim]`` (the layout of
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from collections.abc import Mapping
+from typing import Any, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from deepspec_train.models.rope_parameters import check_rope_parameters
+from deepspec_train.models.rope_scaling import rope_frequencies
 
 AttentionBackend = Literal["sdpa", "flex"]
 
@@ -40,28 +43,53 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (half-split "rotate_half" convention of Qwen3/Llama).
+    """Rotary position embedding (half-split "rotate_half" convention of Qwen3/Llama), with the target's scaling.
 
+    ``rope_parameters`` is the target's (``models.rope_scaling``: default, linear, dynamic, yarn, llama3; None means
+    plain RoPE with base ``theta``); frequencies and yarn's cos / sin factor follow transformers' arithmetic.
     The inverse frequencies are recomputed on every call instead of being a buffer: they are never exported
-    (``rotary_emb.inv_freq`` is not in any checkpoint) and a model built on the meta device stays correct after
-    it is materialised.
+    (``rotary_emb.inv_freq`` is not in any checkpoint), a model built on the meta device stays correct after it is
+    materialised, and dynamic scaling depends on the positions of the call.
     """
 
-    def __init__(self, head_dim: int, theta: float) -> None:
+    def __init__(
+        self,
+        head_dim: int,
+        theta: float,
+        rope_parameters: Optional[Mapping[str, Any]] = None,
+        max_position_embeddings: int = 0,
+    ) -> None:
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"head_dim must be even, got {head_dim}")
         self.head_dim = head_dim
         self.theta = float(theta)
+        self.rope_parameters = dict(rope_parameters or {"rope_type": "default", "rope_theta": self.theta})
+        check_rope_parameters(self.rope_parameters)
+        self.max_position_embeddings = int(max_position_embeddings)
+        self.dynamic = self.rope_parameters.get("rope_type") == "dynamic"
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``positions [...]`` (int) -> ``(cos, sin)``, each ``[..., head_dim]`` in fp32."""
+    @classmethod
+    def for_geometry(cls, geometry: Any) -> "RotaryEmbedding":
+        """The rotary embedding of a ``DrafterGeometry`` (the target's RoPE)."""
+        return cls(geometry.head_dim, geometry.rope_theta, geometry.rope_parameters, geometry.max_position_embeddings)
+
+    def cos_sin(self, positions: torch.Tensor, seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``positions [...]`` (int) -> ``(cos, sin)``, each ``[..., head_dim]`` in fp32.
+
+        ``seq_len`` is the length dynamic scaling is computed for (transformers: the largest position of the
+        forward + 1); it defaults to that of ``positions``. Pass one length for every call of a forward so that
+        queries and keys rotate with the same frequencies."""
+        if seq_len is None:
+            # Only dynamic scaling reads the largest position (a device sync); the other types never do.
+            seq_len = int(positions.max()) + 1 if self.dynamic and positions.numel() else 0
+        inv_freq, scale = rope_frequencies(self.rope_parameters, self.head_dim, self.max_position_embeddings, seq_len)
         # fp32 throughout, the same arithmetic as the Qwen3 reference, so drafter and serving engine agree.
-        exponents = torch.arange(0, self.head_dim, 2, device=positions.device, dtype=torch.float32) / self.head_dim
-        inv_freq = 1.0 / (self.theta**exponents)
-        angles = positions.float()[..., None] * inv_freq
+        angles = positions.float()[..., None] * inv_freq.to(positions.device)
         angles = torch.cat([angles, angles], dim=-1)
-        return angles.cos(), angles.sin()
+        if scale == 1.0:
+            return angles.cos(), angles.sin()
+        return angles.cos() * scale, angles.sin() * scale
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from transformers import Qwen3Config
 
 _COMMON = dict(
+    architectures=["Qwen3ForCausalLM"],
     vocab_size=151936,
     head_dim=128,
     num_key_value_heads=8,

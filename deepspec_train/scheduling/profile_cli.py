@@ -1,15 +1,23 @@
-"""The ``deepspec profile-sps`` verb: profile a target's verification speed and write the scheduler's SPS table.
+"""The ``deepspec profile-sps`` verb: profile a target's verification speed and write the SPS tables.
 
-    deepspec profile-sps --target DIR --batch-sizes 1,2,4,8,16,32,64,128,256 [--context-len 512] \
-        [--repeats 10] [--warmup 3] [--tokens-per-request 8] --out sps.json
+    deepspec profile-sps --target DIR --max-batch-tokens 256 [--context-len 512] [--repeats 10] [--warmup 3] \
+        [--tokens-per-request 8] --out sps.json [--sglang-out sps.sglang.json]
+    deepspec profile-sps --target DIR --batch-sizes 1,2,4,8,16,32,64,128,256 --out sps.json
 
-Run it on the machine (and with the dtype) the target will serve on: the table is only meaningful there.
+Writes ``--out``, the ``SPSTable`` the scheduler simulation reads (``{"batch_sizes", "steps_per_s"}``), and, for
+dense probes (every batch size ``1..--max-batch-tokens``, the default), SGLang's SPS table
+(``{"sample_batch_tokens", "sample_steps_per_sec", "max_batch_tokens"}``, strict JSON) at ``--sglang-out``
+(default: ``--out`` with ``.sglang.json``) for ``--speculative-dspark-sps-table-path``. SGLang reads its table at
+the largest probe <= B without interpolation, so sparse ``--batch-sizes`` write only the first table. vLLM
+profiles its own cost curves at start-up and takes no table. Run it on the machine (and with the dtype) the
+target will serve on: the tables are only meaningful there.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -23,12 +31,20 @@ def parse_int_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="target model directory (from_pretrained)")
     parser.add_argument("--out", required=True, help="where to write the SPS table JSON")
-    parser.add_argument(
+    probes = parser.add_mutually_exclusive_group()
+    probes.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        default=None,
+        help="probe every batch size 1..N tokens and write SGLang's table too (default 256)",
+    )
+    probes.add_argument(
         "--batch-sizes",
         type=parse_int_list,
-        default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
-        help="verification batch sizes in tokens, strictly increasing (default: 1,2,4,...,256)",
+        default=None,
+        help="sparse verification batch sizes in tokens, strictly increasing (the simulation table only)",
     )
+    parser.add_argument("--sglang-out", default=None, help="SGLang SPS table path (default: --out as .sglang.json)")
     parser.add_argument("--context-len", type=int, default=512, help="KV-cache length of every request (default 512)")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps per batch size (default 10)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps before timing (default 3)")
@@ -60,16 +76,21 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from deepspec_train.config.schema import TargetConfig
+    from deepspec_train.export.engine_files import write_strict_json
     from deepspec_train.scheduling.profile_sps import (
+        dense_batch_sizes,
         format_measurements,
         measurements_to_table,
         profile_target,
+        sglang_sps_table,
         validated_batch_sizes,
     )
     from deepspec_train.target.loading import load_target_model
 
+    dense = args.batch_sizes is None
+    max_tokens = args.max_batch_tokens if args.max_batch_tokens is not None else 256
     try:
-        validated_batch_sizes(args.batch_sizes)
+        sizes = dense_batch_sizes(max_tokens) if dense else validated_batch_sizes(args.batch_sizes)
         if args.context_len < 0 or args.repeats < 1 or args.warmup < 0 or args.tokens_per_request < 1:
             raise ValueError("need --context-len >= 0, --repeats >= 1, --warmup >= 0, --tokens-per-request >= 1")
     except ValueError as exc:
@@ -80,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model = load_target_model(TargetConfig(path=args.target, dtype=args.dtype), device)
     measurements = profile_target(
-        model, args.batch_sizes, args.context_len, args.repeats, args.warmup, args.tokens_per_request, args.seed
+        model, sizes, args.context_len, args.repeats, args.warmup, args.tokens_per_request, args.seed
     )
     table = measurements_to_table(measurements, monotone=not args.no_monotone)
     dtype = next(model.parameters()).dtype
@@ -88,4 +109,10 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(format_measurements(measurements, table)))
     table.save(args.out)
     print(f"SPS table written to {args.out}")
+    if dense:
+        sglang_out = args.sglang_out or str(Path(args.out).with_suffix(".sglang.json"))
+        write_strict_json(sglang_out, sglang_sps_table(table, max_tokens))
+        print(f"SGLang SPS table ({max_tokens} probes) written to {sglang_out}")
+    else:
+        print("no SGLang table: it needs dense probes (--max-batch-tokens), it does not interpolate between them")
     return 0

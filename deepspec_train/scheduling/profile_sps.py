@@ -6,17 +6,20 @@ needs all of them). Requests verify up to ``max_tokens_per_request`` tokens each
 guaranteed position: ``K + 1``), so ``B`` tokens become ``ceil(B / max_tokens_per_request)`` requests of equal
 length; when ``B`` does not divide evenly the step runs slightly more tokens, and the measurement records both.
 
-Timing: one prefill per batch size builds its cache (untimed), a few warm-up steps run (untimed: allocator,
-kernel selection, lazy initialisation), then ``repeats`` timed steps, interleaved across batch sizes; after
-every step the cache is cropped back to ``context_len`` so each step sees the same context. On CUDA the clock is
+Timing: one prefill per request count builds the cache its batch sizes share (untimed), a few warm-up steps run
+(untimed: allocator, kernel selection, lazy initialisation), then ``repeats`` timed steps, interleaved across
+the batch sizes of that request count; after every step the cache is cropped back to ``context_len`` so each
+step sees the same context. On CUDA the clock is
 read after ``torch.cuda.synchronize`` because kernels launch asynchronously. The table keeps the median step time
 per batch size (robust to a stray slow step on a shared machine).
 
-``deepspec profile-sps`` (``profile_cli``) runs this and writes the ``SPSTable`` JSON the scheduler reads.
+``deepspec profile-sps`` (``profile_cli``) runs this and writes the ``SPSTable`` JSON the scheduler reads, and
+SGLang's SPS table (``sglang_sps_table``) when the probes are dense.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 import time
@@ -72,13 +75,34 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def prefilled_cache(model: PreTrainedModel, requests: int, context_len: int, seed: int = 0) -> DynamicCache | None:
+    """A KV cache holding ``context_len`` random tokens for each of ``requests`` requests (None without context)."""
+    if context_len <= 0:
+        return None
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(seed)
+    context = torch.randint(model.config.vocab_size, (requests, context_len), generator=generator).to(device)
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=context, cache=cache, use_cache=True)
+    return cache
+
+
 class VerificationStep:
     """One batch size's verification step, ready to be timed repeatedly: inputs and prefilled cache are built
-    once (untimed); every call runs the step, returns its seconds and crops the cache back to the context."""
+    once (untimed); every call runs the step, returns its seconds and crops the cache back to the context.
+
+    Steps with the same number of requests can share one ``cache`` (each crops its own tokens off again)."""
 
     @torch.inference_mode()
     def __init__(
-        self, model: PreTrainedModel, batch_tokens: int, context_len: int, max_tokens_per_request: int, seed: int = 0
+        self,
+        model: PreTrainedModel,
+        batch_tokens: int,
+        context_len: int,
+        max_tokens_per_request: int,
+        seed: int = 0,
+        cache: DynamicCache | None = None,
     ) -> None:
         if context_len < 0:
             raise ValueError(f"context_len must be non-negative, got {context_len}")
@@ -92,11 +116,7 @@ class VerificationStep:
         vocab = model.config.vocab_size
         size = (self.shape.requests, self.shape.tokens_per_request)
         self.new_tokens = torch.randint(vocab, size, generator=generator).to(self.device)
-        self.cache = None
-        if context_len > 0:
-            context = torch.randint(vocab, (self.shape.requests, context_len), generator=generator).to(self.device)
-            self.cache = DynamicCache(config=model.config)
-            model(input_ids=context, cache=self.cache, use_cache=True)
+        self.cache = cache if cache is not None else prefilled_cache(model, self.shape.requests, context_len, seed)
 
     @torch.inference_mode()
     def __call__(self) -> float:
@@ -143,25 +163,31 @@ def profile_target(
 ) -> list[SPSMeasurement]:
     """One ``SPSMeasurement`` per batch size (strictly increasing sizes, as the table requires).
 
-    The timed repeats are interleaved across batch sizes (repeat 1 of every size, then repeat 2, ...), so a slow
-    spell of a shared machine or a clock change slows every size alike instead of bending one part of the curve.
-    This keeps every size's cache alive at once: for Qwen3-8B in bf16 with sizes up to 256 tokens (32 requests
-    of 8) and 512 context tokens, about 5 GB in all.
+    Sizes that spread over the same number of requests share one prefilled cache, and are measured together, one
+    group at a time (so dense probes up to 256 tokens at 8 per request hold at most 32 requests' caches: about
+    2.4 GB for Qwen3-8B in bf16 with 512 context tokens). Within a group the timed repeats are interleaved
+    (repeat 1 of every size, then repeat 2, ...), so a slow spell of a shared machine slows neighbouring sizes
+    alike instead of bending one part of the curve.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError(f"need repeats >= 1 and warmup >= 0; got {repeats}, {warmup}")
     sizes = validated_batch_sizes(batch_sizes)
-    steps = [VerificationStep(model, size, context_len, max_tokens_per_request, seed) for size in sizes]
-    for step in steps:
-        for _ in range(warmup):
-            step()
-    seconds: list[list[float]] = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, timings in zip(steps, seconds):
-            timings.append(step())
-    return [
-        SPSMeasurement(step.batch_tokens, step.shape, context_len, timings) for step, timings in zip(steps, seconds)
-    ]
+    measurements: list[SPSMeasurement] = []
+    for requests, group in itertools.groupby(sizes, key=lambda b: step_shape(b, max_tokens_per_request).requests):
+        cache = prefilled_cache(model, requests, context_len, seed)
+        steps = [VerificationStep(model, size, context_len, max_tokens_per_request, seed, cache) for size in group]
+        for step in steps:
+            for _ in range(warmup):
+                step()
+        seconds: list[list[float]] = [[] for _ in steps]
+        for _ in range(repeats):
+            for step, timings in zip(steps, seconds):
+                timings.append(step())
+        measurements += [
+            SPSMeasurement(step.batch_tokens, step.shape, context_len, timings) for step, timings in zip(steps, seconds)
+        ]
+        del steps, cache
+    return measurements
 
 
 def monotone_speeds(speeds: Sequence[float]) -> list[float]:
@@ -194,3 +220,22 @@ def format_measurements(measurements: Sequence[SPSMeasurement], table: SPSTable)
             f"  {m.steps_per_s:>11.2f}  {tabled:>13.2f}  {tabled * m.batch_tokens:>8.0f}"
         )
     return lines
+
+
+def dense_batch_sizes(max_batch_tokens: int) -> list[int]:
+    """Every integer batch size ``1..max_batch_tokens``: SGLang looks its table up at the largest probe <= B, with no
+    interpolation, so anything coarser would read the faster speed of a smaller batch between probes."""
+    if max_batch_tokens < 2:
+        raise ValueError(f"max_batch_tokens must be >= 2 (a one-probe SGLang table reads as unprofiled), "
+                         f"got {max_batch_tokens}")
+    return list(range(1, max_batch_tokens + 1))
+
+
+def sglang_sps_table(table: SPSTable, max_batch_tokens: int) -> dict:
+    """SGLang's SPS table (``export.engine_files``) from a dense profile ``1..max_batch_tokens``."""
+    from deepspec_train.export.engine_files import sps_payload
+
+    probes = [int(b) for b in table.batch_sizes]
+    if probes != dense_batch_sizes(max_batch_tokens):
+        raise ValueError(f"SGLang's table needs dense probes 1..{max_batch_tokens}, got {len(probes)} probes")
+    return sps_payload(probes, table.steps_per_s, max_batch_tokens)

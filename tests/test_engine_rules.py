@@ -1,0 +1,219 @@
+"""The engine rules (``export.engine_rules``) on every production recipe's export plan at real Qwen3-4B/8B/14B
+shapes (drafters on the meta device), and the ways an export can be misread, each refused.
+
+The capture rule is checked against a brute-force walk of the decoder layers; each production plan must be
+captured exactly as trained by every engine that serves it (a DSpark-label DFlash is not served by SGLang);
+the negative cases edit one field or tensor of a valid plan and expect the one-line refusal naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import random
+
+import pytest
+import torch
+
+from deepspec_train.export.engine_rules import (
+    EngineRuleError,
+    captured_decoder_layers,
+    check_engines,
+    engine_reading,
+)
+from deepspec_train.export.layouts import TensorSpec
+from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
+
+# What each engine captures from each production export (decoder-layer outputs, fc column order).
+EXPECTED = {
+    "qwen3-4b": ([1, 9, 17, 25, 33], [1, 9, 17, 25, 33]),
+    "qwen3-4b-dflash": ([1, 9, 17, 25, 33], None),
+    "qwen3-4b-eagle3": ([1, 17, 32], [1, 17, 32]),
+    "qwen3-8b": ([1, 9, 17, 25, 33], [1, 9, 17, 25, 33]),
+    "qwen3-8b-dflash": ([1, 9, 17, 25, 33], None),
+    "qwen3-8b-eagle3": ([1, 17, 32], [1, 17, 32]),
+    "qwen3-14b": ([1, 10, 19, 28, 37], [1, 10, 19, 28, 37]),
+    "qwen3-14b-dflash": ([1, 10, 19, 28, 37], None),
+    "qwen3-14b-eagle3": ([1, 19, 36], [1, 19, 36]),
+}
+
+
+def test_capture_rule_matches_a_walk_of_the_layers():
+    rng = random.Random(0)
+    for _ in range(300):
+        num_layers = rng.randint(1, 12)
+        points = [rng.randint(-1, num_layers + 2) for _ in range(rng.randint(0, 6))]
+        walked = []
+        # The stream entering layer i is the output of layer i-1 (the embedding output, -1, for layer 0).
+        for layer in range(num_layers):
+            if layer in points:
+                walked.append(layer - 1)
+        assert captured_decoder_layers(points, num_layers) == walked
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return {recipe: production_export_plan(recipe) for recipe in PRODUCTION_RECIPES}
+
+
+@pytest.mark.parametrize("recipe", PRODUCTION_RECIPES)
+def test_production_exports_are_captured_as_trained(plans, recipe):
+    plan, target, cfg = plans[recipe]
+    assert all(t.is_meta for t in plan.tensors.values() if t.is_floating_point())
+    readings = {r.engine: r for r in check_engines(plan.config, plan.tensors, target, cfg.target.layer_ids)}
+    vllm, sglang = EXPECTED[recipe]
+    assert readings["vllm"].captured_layers == vllm == cfg.target.layer_ids
+    assert readings["vllm"].problems == [] and readings["vllm"].unserved is None
+    if sglang is None:
+        assert "requires markov_rank > 0 (got 0)" in readings["sglang"].unserved
+    else:
+        assert readings["sglang"].captured_layers == sglang and readings["sglang"].problems == []
+    if recipe.endswith("-eagle3"):
+        assert plan.config["eagle_aux_hidden_state_layer_ids"] == [i + 1 for i in cfg.target.layer_ids]
+        assert plan.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == cfg.target.layer_ids
+        assert plan.tensors["lm_head.weight"].shape[0] == 32000 and "d2t" in plan.tensors
+
+
+def test_capture_table_lists_every_recipe():
+    table = capture_table()
+    for recipe, (vllm, sglang) in EXPECTED.items():
+        sglang_cell = "not served" if sglang is None else " ".join(map(str, sglang))
+        assert f"| {recipe} |" in table and f"| {' '.join(map(str, vllm))} | {sglang_cell} |" in table
+
+
+def test_serve_lines_of_the_8b_dspark_export(plans):
+    plan, target, cfg = plans["qwen3-8b"]
+    readings = check_engines(plan.config, plan.tensors, target, cfg.target.layer_ids, target_path="Qwen/Qwen3-8B",
+                             export_dir="exports/qwen3-8b-dspark", sps_path="sps.sglang.json")
+    vllm, sglang = (r.serve_commands for r in readings)
+    fixed = {"method": "dspark", "model": "exports/qwen3-8b-dspark", "num_speculative_tokens": 7,
+             "draft_sample_method": "probabilistic"}
+    assert vllm == [f"vllm serve Qwen/Qwen3-8B --speculative-config '{json.dumps(fixed, separators=(',', ':'))}'",
+                    f"vllm serve Qwen/Qwen3-8B --speculative-config "
+                    f"'{json.dumps({**fixed, 'enable_adaptive_verification': True}, separators=(',', ':'))}'"]
+    base = ("python -m sglang.launch_server --model-path Qwen/Qwen3-8B --speculative-algorithm DSPARK "
+            "--speculative-draft-model-path exports/qwen3-8b-dspark")
+    assert sglang == [base, f"SGLANG_RAGGED_VERIFY_MODE=compact {base} --speculative-dspark-block-size 7 "
+                            "--speculative-dspark-sps-table-path sps.sglang.json "
+                            "--speculative-dspark-confidence-sts-path exports/qwen3-8b-dspark/sglang_sts.json"]
+
+
+def test_serve_lines_of_zlab_and_eagle3(plans):
+    from deepspec_train.export.exporter import plan_export
+    from tests.test_export import QWEN3_8B, meta_parallel
+
+    zlab = plan_export(meta_parallel("dflash", labels="zlab"), QWEN3_8B.to_dict())
+    vllm, sglang = (engine_reading(e, zlab.config, zlab.tensors, QWEN3_8B.to_dict()) for e in ("vllm", "sglang"))
+    assert '"method":"dflash"' in vllm.serve_commands[0] and '"num_speculative_tokens":6' in vllm.serve_commands[0]
+    assert "--speculative-algorithm DFLASH" in sglang.serve_commands[0]
+    assert sglang.serve_commands[0].endswith("--speculative-num-draft-tokens 7")
+    assert vllm.captured_layers == sglang.captured_layers == [1, 9, 17, 25, 33]
+    plan, target, _ = plans["qwen3-8b-eagle3"]
+    vllm, sglang = (engine_reading(e, plan.config, plan.tensors, target) for e in ("vllm", "sglang"))
+    assert '"method":"eagle3"' in vllm.serve_commands[0]
+    assert "--speculative-algorithm EAGLE3" in sglang.serve_commands[0]
+
+
+def _refused(config, tensors, target, trained, engines=None) -> list[str]:
+    with pytest.raises(EngineRuleError) as err:
+        check_engines(config, tensors, target, trained, engines)
+    assert all(len(line.splitlines()) == 1 for line in err.value.problems)
+    return err.value.problems
+
+
+def _edited(plans, recipe):
+    plan, target, cfg = plans[recipe]
+    return copy.deepcopy(plan.config), dict(plan.tensors), copy.deepcopy(target), list(cfg.target.layer_ids)
+
+
+def test_wrong_eagle3_id_conventions_are_refused(plans):
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-eagle3")
+    config["eagle_aux_hidden_state_layer_ids"] = trained  # ours at the top level: vLLM reads one layer early
+    assert _refused(config, tensors, target, trained) == [
+        "vllm: captures decoder-layer outputs [0, 16, 31] (in fc column order), but the drafter was trained on "
+        "[1, 17, 32]"]
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-eagle3")
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i + 1 for i in trained]  # the old rule
+    assert _refused(config, tensors, target, trained) == [
+        "sglang: captures decoder-layer outputs [2, 18, 33] (in fc column order), but the drafter was trained on "
+        "[1, 17, 32]"]
+    del config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert "the only field SGLang reads" in _refused(config, tensors, target, trained)[0]
+
+
+def test_sglang_eagle3_rule_depends_on_the_target_architecture(plans):
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-eagle3")
+    target["architectures"] = ["DeepseekV3ForCausalLM"]
+    # First id 1: SGLang adds 1 to every id, as for Qwen3.
+    assert engine_reading("sglang", config, tensors, target).captured_layers == [1, 17, 32]
+    config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [0, 17, 32]
+    config["eagle_aux_hidden_state_layer_ids"] = [1, 18, 33]
+    # First id 0: taken as capture points as-is, one layer early (0 is the embedding output, -1).
+    assert engine_reading("sglang", config, tensors, target).captured_layers == [-1, 16, 31]
+    target["architectures"] = ["MistralForCausalLM"]
+    problems = engine_reading("sglang", config, tensors, target).problems
+    assert "capture rule for a MistralForCausalLM target" in problems[0]
+
+
+def test_draft_vocabulary_maps_must_match_the_vocabulary(plans):
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-eagle3")
+    config["draft_vocab_size"] = target["vocab_size"]
+    tensors["lm_head.weight"] = TensorSpec((target["vocab_size"], target["hidden_size"]), torch.bfloat16)
+    problems = _refused(config, tensors, target, trained)
+    assert problems == ["vllm: d2t is present but draft_vocab_size 151936 is the full vocabulary: vLLM then has no "
+                        "draft_id_to_target_id parameter and its loader raises 'There is no module or parameter named'"]
+    del tensors["d2t"], tensors["t2d"]
+    check_engines(config, tensors, target, trained)
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-eagle3")
+    del tensors["d2t"]
+    problems = _refused(config, tensors, target, trained)
+    assert [p.split(":")[0] for p in problems] == ["vllm", "sglang"]
+    assert all("no d2t: draft ids would be read as target ids" in p for p in problems)
+
+
+UNSORTED, LAST_LAYER = [9, 1, 17, 25, 33], [1, 9, 17, 25, 35]
+
+
+@pytest.mark.parametrize(
+    "edit, trained, expected",
+    [
+        (lambda c, t: c.pop("markov_rank"), None, "vllm: markov_rank is missing: vLLM reads it without a default"),
+        (lambda c, t: c.update(markov_head_type="mlp"), None, "sglang: markov_head_type 'mlp' is not one of"),
+        (lambda c, t: c.update(mask_token_id=151936), None, "sglang: mask_token_id 151936 is not a token"),
+        (lambda c, t: c.pop("mask_token_id"), None, "vllm: mask_token_id is missing"),
+        (lambda c, t: c.update(target_layer_ids=UNSORTED), UNSORTED,
+         "vllm: captures decoder-layer outputs [1, 9, 17, 25, 33] (in fc column order), but the drafter was trained "
+         "on [9, 1, 17, 25, 33]"),
+        (lambda c, t: c.update(target_layer_ids=LAST_LAYER), LAST_LAYER,
+         "sglang: captures decoder-layer outputs [1, 9, 17, 25] (in fc column order)"),
+        (lambda c, t: c.update(is_causal=True), None, "vllm: the config makes vLLM run the drafter's layers causally"),
+        (lambda c, t: c.update(eagle_aux_hidden_state_layer_ids=[1, 9, 17, 25, 33]), None,
+         "vllm: captures decoder-layer outputs [0, 8, 16, 24, 32]"),
+        (lambda c, t: t.pop("confidence_head.proj.weight"), None,
+         "vllm: enable_confidence_head is true but the confidence"),
+        (lambda c, t: t.update(d2t=TensorSpec((151936,), torch.int64)), None,
+         "vllm: d2t is present but draft_vocab_size"),
+    ],
+)
+def test_dspark_misreadings_are_refused(plans, edit, trained, expected):
+    config, tensors, target, recipe_taps = _edited(plans, "qwen3-8b")
+    edit(config, tensors)
+    problems = _refused(config, tensors, target, trained or recipe_taps)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_unserved_engine_is_reported_and_refused_only_when_asked_for(plans):
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-dflash")
+    readings = check_engines(config, tensors, target, trained)
+    assert [r.unserved is None for r in readings] == [True, False]
+    assert _refused(config, tensors, target, trained, engines=["sglang"]) == [
+        "sglang: does not serve this export: SGLang's DSPARK requires markov_rank > 0 (got 0); a DSpark-label "
+        "DFlash is for comparisons, not for serving"]
+    check_engines(config, tensors, target, trained, engines=["vllm"])
+
+
+def test_every_engine_and_layout_has_a_serve_line(plans):
+    for (recipe, (plan, target, cfg)), engine in itertools.product(plans.items(), ("vllm", "sglang")):
+        reading = engine_reading(engine, plan.config, plan.tensors, target)
+        assert bool(reading.serve_commands) == (reading.unserved is None), (recipe, engine)
