@@ -117,6 +117,8 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     if t.stop_at_step is not None:
         _at_least(p, "train.stop_at_step", t.stop_at_step, 1)
     p.extend(_resume_problems(t.resume))
+    if cfg.run.overwrite and t.resume != "none":
+        p.append(f"run.overwrite=true starts the run over: it cannot be combined with train.resume={t.resume}")
     if t.distributed == "deepspeed":
         if not resolve_repo_path(t.deepspeed_config).is_file():
             p.append(f"train.deepspeed_config = {t.deepspeed_config!r}: no such file")

@@ -17,6 +17,8 @@ class RunConfig:
     name: str = "run"
     output_dir: str = "runs/run"
     seed: int = 0
+    # Start over in an output_dir that holds another run, after moving that run aside (never deleted).
+    overwrite: bool = False
 
 
 @dataclass

@@ -50,6 +50,7 @@ from deepspec_train.export.layouts import (
 from deepspec_train.export.loader import (
     EXPORT_CONFIG,
     EXPORT_WEIGHTS,
+    FINGERPRINT_FIELD,
     LoadedDrafter,
     load_exported_drafter,
     read_tensor_specs,
@@ -96,7 +97,7 @@ def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
         raise LayoutError(layout, [problem])
 
 
-def check_same_target(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
+def check_same_geometry(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
     """Refuse to pair a drafter with a target of another shape (only the drafter's MLP width may differ)."""
     try:
         target = geometry_from_target_config(SimpleNamespace(**target_config), geometry.intermediate_size)
@@ -176,7 +177,7 @@ def plan_export(
     if confidence_temperatures is not None and layout != "dspark":
         raise LayoutError(layout, ["confidence temperatures only go into the DSpark layout"])
     module = loaded.module
-    check_same_target(module.geometry, target_config)
+    check_same_geometry(module.geometry, target_config)
     num_layers = 1 if layout == "eagle3" else len(module.layers)
     config = dict(target_config)
     dtype_name = _DTYPE_NAMES[dtype]
@@ -190,6 +191,8 @@ def plan_export(
         torch_dtype=dtype_name,
     )
     config.update(_layout_fields(loaded, layout, num_anchors, confidence_temperatures))
+    if loaded.target_fingerprint is not None:
+        config[FINGERPRINT_FIELD] = dict(loaded.target_fingerprint)
     omitted = set(OMITTED_TENSORS[layout])
     if layout == "eagle3" and module.d2t.shape[0] == module.geometry.vocab_size:
         # A full draft vocabulary is the identity map (draft ids are sorted target ids): ship no maps.

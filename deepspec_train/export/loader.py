@@ -39,12 +39,15 @@ from deepspec_train.export.layouts import (
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.target.fingerprint import check_same_target
 from deepspec_train.target.head_weights import load_head_weights
 
 if TYPE_CHECKING:
     from deepspec_train.evaluation.drafting import BlockDrafter
 
 EXPORT_CONFIG = "config.json"
+# Our addition to an export's config.json (engines ignore it): the fingerprint of the target it was trained for.
+FINGERPRINT_FIELD = "training_target_fingerprint"
 EXPORT_WEIGHTS = "model.safetensors"
 # EAGLE-3 configs carry no block size; DeepSpec trains EAGLE-3 with 7 TTT steps.
 DEFAULT_EAGLE3_BLOCK = 7
@@ -80,6 +83,8 @@ class LoadedDrafter:
     confidence_temperatures: list[float] | None
     labels: str
     source: str
+    # The training target's fingerprint (``target.fingerprint``), when the files recorded one.
+    target_fingerprint: dict[str, Any] | None = None
 
     def block_drafter(self) -> "BlockDrafter":
         """The evaluator's drafting strategy for this drafter (its kind's, with its label convention)."""
@@ -172,9 +177,12 @@ def _build(
 def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     trained = read_trained_drafter(root)
     drafter_cfg, geometry, layer_ids = trained.drafter, trained.geometry, trained.target_layer_ids
+    target_path = target_path or trained.target_path
+    if target_path:
+        check_same_target(trained.target_fingerprint, target_path, f"the drafter in {root}")
     state = dict(trained.weights)
     spec = kind_spec(trained.kind)
-    embed, lm_head = _target_heads(target_path or trained.target_path, _weights_dtype(state))
+    embed, lm_head = _target_heads(target_path, _weights_dtype(state))
     state.update(spec.frozen_head_state(embed, lm_head))
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
@@ -186,6 +194,7 @@ def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         confidence_temperatures=None,
         labels=drafter_cfg.labels,
         source="training",
+        target_fingerprint=trained.target_fingerprint,
     )
 
 
@@ -197,6 +206,9 @@ def _export_geometry(config: dict[str, Any], num_target_layers: int) -> DrafterG
 
 def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     config = json.loads((root / EXPORT_CONFIG).read_text())
+    fingerprint = config.get(FINGERPRINT_FIELD)
+    if target_path:
+        check_same_target(fingerprint, target_path, f"the export in {root}")
     layout = layout_of_config(config)
     weights = root / EXPORT_WEIGHTS
     validate_layout(layout, config, read_tensor_specs(weights))
@@ -246,6 +258,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         confidence_temperatures=None if temperatures is None else [float(t) for t in temperatures],
         labels=drafter_cfg.labels,
         source=layout,
+        target_fingerprint=fingerprint,
     )
 
 

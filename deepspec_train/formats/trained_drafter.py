@@ -6,7 +6,8 @@ Two files:
   draft-vocabulary maps ``d2t`` / ``t2d``). Frozen copies of the target's embedding / LM head are not stored: a
   reader takes them from the target again.
 - ``drafter_config.json``: what rebuilds the module: ``kind``, the recipe's ``drafter`` section, the geometry,
-  the tapped ``target_layer_ids`` and the ``target_path`` training used.
+  the tapped ``target_layer_ids``, the ``target_path`` training used and that target's fingerprint
+  (``target.fingerprint``; absent in directories written before fingerprints existed).
 
 ``write_trained_drafter`` and ``read_trained_drafter`` are the only code that knows these names.
 """
@@ -17,6 +18,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -41,6 +43,7 @@ class TrainedDrafter:
     target_layer_ids: list[int]
     target_path: str
     weights: dict[str, torch.Tensor]
+    target_fingerprint: Optional[dict[str, Any]] = None
 
 
 def is_trained_drafter_dir(path: str | Path) -> bool:
@@ -52,8 +55,11 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: p.detach().contiguous() for name, p in model.named_parameters() if p.requires_grad}
 
 
-def write_trained_drafter(drafter: nn.Module, cfg: RecipeConfig, path: str | Path) -> Path:
-    """Write ``drafter`` trained with recipe ``cfg`` into the directory ``path``; returns it."""
+def write_trained_drafter(
+    drafter: nn.Module, cfg: RecipeConfig, path: str | Path, target_fingerprint: Optional[dict[str, Any]] = None
+) -> Path:
+    """Write ``drafter`` trained with recipe ``cfg`` (for the target whose fingerprint dict is given) into the
+    directory ``path``; returns it."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
     buffers = {name: buf.detach().contiguous() for name, buf in drafter.named_buffers() if name in SAVED_BUFFERS}
@@ -65,6 +71,8 @@ def write_trained_drafter(drafter: nn.Module, cfg: RecipeConfig, path: str | Pat
         "target_layer_ids": list(cfg.target.layer_ids),
         "target_path": cfg.target.path,
     }
+    if target_fingerprint is not None:
+        meta["target_fingerprint"] = dict(target_fingerprint)
     (root / CONFIG_FILE).write_text(json.dumps(meta, indent=2))
     return root
 
@@ -80,4 +88,5 @@ def read_trained_drafter(path: str | Path) -> TrainedDrafter:
         target_layer_ids=[int(i) for i in meta["target_layer_ids"]],
         target_path=str(meta.get("target_path") or ""),
         weights=load_file(str(root / WEIGHTS_FILE)),
+        target_fingerprint=meta.get("target_fingerprint"),
     )

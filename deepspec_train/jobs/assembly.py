@@ -28,6 +28,7 @@ from deepspec_train.data.token_shards import build_token_dataset
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.console import get_logger
 from deepspec_train.metrics.sinks import make_sink
+from deepspec_train.target.fingerprint import target_fingerprint
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_tokenizer
 from deepspec_train.training.distributed import DistContext, barrier
@@ -127,7 +128,7 @@ def train_and_finish(
     )
     summary = trainer.fit()
     if ctx.is_main:
-        write_trained_drafter(drafter, cfg, out_dir / "drafter")
+        write_trained_drafter(drafter, cfg, out_dir / "drafter", target_fingerprint(cfg.target.path).to_dict())
         (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
         log.info(
             "done: %d steps in %.0f s, final loss %.4f, val E[L] %s", summary.steps, summary.seconds,

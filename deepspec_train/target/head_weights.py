@@ -17,7 +17,7 @@ EMBED_KEYS = ("model.embed_tokens.weight", "embed_tokens.weight")
 LM_HEAD_KEYS = ("lm_head.weight",)
 
 
-def _tensor_locations(path: Path) -> dict[str, Path]:
+def tensor_locations(path: Path) -> dict[str, Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -39,7 +39,7 @@ def _read(locations: dict[str, Path], keys: tuple[str, ...]) -> torch.Tensor | N
 
 def load_head_weights(target_path: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(embedding [V, d], lm_head [V, d]); the LM head falls back to the embedding when weights are tied."""
-    locations = _tensor_locations(Path(target_path))
+    locations = tensor_locations(Path(target_path))
     embed = _read(locations, EMBED_KEYS)
     if embed is None:
         raise KeyError(f"{target_path}: no token embedding among {EMBED_KEYS}")

@@ -1,8 +1,8 @@
 """Command-line entry of training: ``recipe=NAME`` plus ``dotted.key=value`` overrides.
 
 The recipe is validated before anything heavy is imported or loaded (its types, the rules of ``config.rules``,
-the target's config.json and the launch's process count), so a bad value fails in well under a second with a
-one-line message, before any data is tokenised or any weight is read.
+the target's config.json, the launch's process count and whether ``run.output_dir`` may take this run), so a bad
+value fails in well under a second with a one-line message, before any data is tokenised or any weight is read.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import sys
 
 from deepspec_train.config.loader import ConfigError, load_recipe
 from deepspec_train.config.rules import launch_problems
+from deepspec_train.jobs.run_directory import output_dir_problems
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
 
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
         recipe, overrides = parse_command_line(argv)
         cfg = load_recipe(recipe, overrides)
         # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
-        problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+        problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
         if problems:
             raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
     except ConfigError as exc:

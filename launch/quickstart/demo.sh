@@ -42,7 +42,7 @@ for recipe in tiny-dspark tiny-dflash tiny-eagle3; do
         "target.path=$TINYWORLD/target" \
         "data.train=[$TINYWORLD/conversations/train.jsonl]" \
         "data.validation=[$TINYWORLD/conversations/validation.jsonl]" \
-        "run.output_dir=$run" "train.max_steps=$STEPS" "train.eval_every=$STEPS" "train.checkpoint_every=$STEPS"
+        "run.output_dir=$run" run.overwrite=true "train.max_steps=$STEPS" "train.eval_every=$STEPS" "train.checkpoint_every=$STEPS"
     calibration=()
     if [ "$recipe" = tiny-dspark ]; then
         stamp "calibrating $recipe on validation prompts"
