@@ -443,5 +443,5 @@ def test_export_cli_with_calibration_and_refusal(tmp_path, target_dir, capsys):
     assert main(argv + ["--calibration", str(calib)]) == 0
     assert "1.500 2.000 2.500 3.000" in capsys.readouterr().out
     assert load_exported_drafter(tmp_path / "out").confidence_temperatures == [1.5, 2.0, 2.5, 3.0]
-    assert main(argv[:-2] + ["--layout", "eagle3", "--out", str(tmp_path / "bad")]) == 1
+    assert main(argv[:-2] + ["--layout", "eagle3", "--out", str(tmp_path / "bad")]) == 2
     assert "export refused" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -1,9 +1,14 @@
 """Failure handling in streamed mode: when the target worker is killed mid-run, every drafter worker exits
-non-zero within ``stream.timeout_s`` with a message naming the dead target worker, and nothing hangs."""
+non-zero within ``stream.timeout_s`` with a message naming the dead target worker as dead; when it is stopped
+(SIGSTOP), with a message naming it as timed out. Nothing hangs either way."""
 
 from __future__ import annotations
 
+import signal
 import time
+from pathlib import Path
+
+import pytest
 
 from tests.test_streaming_support import read_logs, recipe_overrides, start_ranks, step_losses, streaming_world, wait_all
 
@@ -12,10 +17,11 @@ __all__ = ["streaming_world"]
 TIMEOUT_S = 20
 
 
-def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_world, tmp_path) -> None:
+def fail_the_target(world: dict, tmp_path: Path, how: signal.Signals) -> tuple[list[int], float, str]:
+    """Start 1 target + 2 drafters, send the target ``how`` after two steps; (drafter codes, seconds, logs)."""
     args = recipe_overrides(
-        streaming_world, tmp_path, **{"topology.target_workers": 1, "train.max_steps": 100000,
-                                      "stream.timeout_s": TIMEOUT_S, "train.eval_every": 100000}
+        world, tmp_path, **{"topology.target_workers": 1, "train.max_steps": 100000,
+                            "stream.timeout_s": TIMEOUT_S, "train.eval_every": 100000}
     )
     procs = start_ranks(["train.py", *args], 3, tmp_path / "logs")
     try:
@@ -24,17 +30,39 @@ def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_wor
             assert time.monotonic() < deadline, read_logs(tmp_path / "logs", 3)
             assert all(p.poll() is None for p in procs), read_logs(tmp_path / "logs", 3)
             time.sleep(0.2)
-        procs[0].kill()
-        killed_at = time.monotonic()
+        procs[0].send_signal(how)
+        failed_at = time.monotonic()
         codes = wait_all(procs[1:], timeout=TIMEOUT_S + 15)
-        elapsed = time.monotonic() - killed_at
+        elapsed = time.monotonic() - failed_at
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
-    logs = read_logs(tmp_path / "logs", 3)
+                proc.wait()
+    return codes, elapsed, read_logs(tmp_path / "logs", 3)
+
+
+def error_lines(log_dir: Path, rank: int) -> list[str]:
+    return [line for line in (log_dir / f"rank{rank}.log").read_text().splitlines() if line.startswith("error:")]
+
+
+def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_world, tmp_path) -> None:
+    codes, elapsed, logs = fail_the_target(streaming_world, tmp_path, signal.SIGKILL)
     assert all(code not in (0, None) for code in codes), (codes, logs)
     assert elapsed < TIMEOUT_S + 10, (elapsed, logs)
     for rank in (1, 2):
-        text = (tmp_path / "logs" / f"rank{rank}.log").read_text()
-        assert "target worker 0 (rank 0)" in text, logs
+        (line,) = error_lines(tmp_path / "logs", rank)
+        assert f"drafter worker {rank - 1} (rank {rank})" in line and "target worker 0 (rank 0)" in line, logs
+        assert "died" in line and "timed out" not in line, logs
+
+
+@pytest.mark.slow
+def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path) -> None:
+    codes, elapsed, logs = fail_the_target(streaming_world, tmp_path, signal.SIGSTOP)
+    assert all(code not in (0, None) for code in codes), (codes, logs)
+    # A stopped peer keeps its connections open: only the deadline can catch it.
+    assert TIMEOUT_S - 1 < elapsed < TIMEOUT_S + 10, (elapsed, logs)
+    for rank in (1, 2):
+        (line,) = error_lines(tmp_path / "logs", rank)
+        assert f"drafter worker {rank - 1} (rank {rank})" in line and "target worker 0 (rank 0) timed out" in line, logs
+        assert "died" not in line, logs

@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
+from deepspec_train.errors import UserError
 from deepspec_train.metrics.calibration import ReliabilityCurve, reliability_curve
 
 N_BINS = 10
@@ -122,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         traces = read_traces(args.traces)
     except (ValueError, KeyError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        raise UserError(str(err)) from err
     result = sequential_temperature_scaling(traces.logits, traces.survived, traces.valid, n_bins=N_BINS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -148,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
         try:
             path = write_confidence_temperatures(args.drafter, result.temperatures)
         except (ValueError, OSError) as err:
-            print(f"error: temperatures not stored in {args.drafter}: {err}", file=sys.stderr)
-            return 1
+            raise UserError(f"temperatures not stored in {args.drafter}: {err}") from err
         print(f"stored confidence_temperatures in {path}")
     return 0

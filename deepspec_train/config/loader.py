@@ -19,12 +19,14 @@ from typing import Any, Literal, Union
 import yaml
 
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.errors import UserError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 
 
-class ConfigError(ValueError):
-    """A recipe or override that does not validate; the message is one line meant for the user."""
+class ConfigError(UserError, ValueError):
+    """A recipe or override that does not validate; the message is one line meant for the user (a ``UserError``:
+    the entry points print it and exit with status 2)."""
 
 
 def recipe_dirs() -> list[Path]:

@@ -5,7 +5,8 @@
         [--seed S] --out results.json [--save-traces TRACES.jsonl]
 
 ``--drafter`` is an export directory or a training output (``<run>/drafter``). Each prompt of each suite is
-decoded as one conversation (all its turns); ``results.json`` holds tau, conditional acceptance per position and
+decoded as one conversation (all its turns); an empty suite (no prompts, or ``--max-prompts 0``) is refused
+before any model loads. ``results.json`` holds tau, conditional acceptance per position and
 tokens/s per suite and category (``deepspec_train.evaluation.report``); ``--save-traces`` writes one JSON
 object per verification round, the input of ``deepspec calibrate`` and ``deepspec simulate``.
 """
@@ -20,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from deepspec_train.errors import UserError
 from deepspec_train.evaluation.drafting import block_drafter_for
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     suites = [load_suite(spec, args.tinyworld, args.max_prompts) for spec in args.suite]
     names = [s.name for s in suites]
     if len(set(names)) != len(names):
-        raise SystemExit(f"suite names must be distinct, got {names}")
+        raise UserError(f"suite names must be distinct, got {names}")
     loaded = load_exported_drafter(args.drafter, target_path=args.target, device=device)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     target.requires_grad_(False)

@@ -5,15 +5,16 @@
 
 The layout defaults to the drafter's own (see ``deepspec_train.export.exporter``); ``--calibration`` takes the
 ``calibration.json`` written by ``deepspec calibrate`` and stores its temperatures in a DSpark export. An export
-that would miss a required field or tensor is refused (exit code 1) and nothing is written.
+that would miss a required field or tensor is refused with one line (exit status 2, a ``UserError``) and nothing
+is written.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 
+from deepspec_train.errors import UserError
 from deepspec_train.export.exporter import DTYPES, export_drafter
 from deepspec_train.export.layouts import LAYOUTS
 
@@ -30,14 +31,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     temperatures = None
     if args.calibration:
-        with open(args.calibration) as f:
-            temperatures = json.load(f)["temperatures"]
+        try:
+            with open(args.calibration) as f:
+                temperatures = json.load(f)["temperatures"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise UserError(f"--calibration {args.calibration}: not a calibration.json ({err!r})") from err
     try:
         out = export_drafter(args.drafter, args.target, args.out, args.layout, temperatures, DTYPES[args.dtype])
     # LayoutError is a ValueError: a refused export lands here with every problem listed.
     except (ValueError, OSError, KeyError) as err:
-        print(f"error: export refused: {err}", file=sys.stderr)
-        return 1
+        raise UserError(f"export refused: {err}") from err
     config = json.loads((out / "config.json").read_text())
     print(f"exported {config['architectures'][0]} ({args.dtype}) to {out}")
     if "confidence_temperatures" in config:

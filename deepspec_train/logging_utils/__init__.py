@@ -11,6 +11,7 @@ from deepspec_train.logging_utils.metrics_sink import (
     is_main_process,
     make_sink,
     rank0_print,
+    speak_for_role,
 )
 from deepspec_train.logging_utils.progress import TrainProgress
 
@@ -26,4 +27,5 @@ __all__ = [
     "is_main_process",
     "make_sink",
     "rank0_print",
+    "speak_for_role",
 ]

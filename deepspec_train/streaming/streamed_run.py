@@ -17,7 +17,7 @@ from torch import nn
 
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.logging_utils.metrics_sink import get_logger, make_sink
+from deepspec_train.logging_utils.metrics_sink import get_logger, make_sink, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.factory import build_drafter_for_geometry
@@ -42,6 +42,8 @@ log = get_logger("deepspec_train.streaming")
 def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
     topology = Topology.from_world(world.world_size, cfg.topology.target_workers)
     ctx = role_context(world, topology.num_targets)
+    # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
+    speak_for_role(ctx.is_main)
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
     try:

@@ -2,10 +2,13 @@
 
 Two mechanisms, both bounded by ``stream.timeout_s``:
 
-- Every point-to-point transfer waits with a deadline (``wait_for``); a closed connection or a missed deadline
-  becomes a ``PeerFailure`` that names the peer's role and rank.
+- Every point-to-point transfer waits with a deadline (``wait_for``); a missed deadline becomes a ``PeerFailure``
+  that reports a timeout (the peer is stopped or hung), a closed connection one that reports a death, both
+  naming the peer's role and rank.
 - A ``PeerMonitor`` thread beats a per-rank counter in the rendezvous store and watches everybody else's. A rank
-  whose counter stops moving for ``timeout_s`` without having signed off as finished is reported dead. This
+  whose counter stops moving for ``timeout_s`` without having signed off as finished is reported as timed out
+  (the store cannot tell a stopped process from a dead one; a dead one usually shows first as a closed
+  connection). This
   catches the failures point-to-point deadlines cannot name, e.g. a drafter dying while the other drafters sit
   in a gradient all-reduce.
 
@@ -42,15 +45,27 @@ def abort(message: str) -> None:
     os._exit(FAILURE_EXIT_CODE)
 
 
+def is_timeout(error_text: str) -> bool:
+    """Whether a backend error reports a missed deadline: gloo writes "Timed out waiting 20000ms for recv
+    operation to complete", c10d and NCCL "timeout" / "Timeout"; a dead peer reads "Connection closed by peer"."""
+    lowered = error_text.lower()
+    return "timed out" in lowered or "timeout" in lowered
+
+
 def wait_for(work: dist.Work, timeout_s: float, peer: str, action: str) -> None:
     """Wait for a point-to-point ``work`` for at most ``timeout_s``; a failure names ``peer`` (e.g. its role)."""
     try:
         work.wait(datetime.timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         text = str(exc)
-        if "imeout" in text or "timed out" in text:
-            raise PeerFailure(f"{peer} did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)") from exc
-        raise PeerFailure(f"{peer} died or closed its connection while this rank waited for it to {action}: {text.splitlines()[0]}") from exc
+        first_line = text.splitlines()[0] if text else type(exc).__name__
+        if is_timeout(text):
+            raise PeerFailure(
+                f"{peer} timed out: it did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)"
+            ) from exc
+        raise PeerFailure(
+            f"{peer} died or closed its connection while this rank waited for it to {action}: {first_line}"
+        ) from exc
 
 
 class PeerMonitor:
@@ -98,7 +113,10 @@ class PeerMonitor:
                     if value != last_value.get(peer):
                         last_value[peer], last_change[peer] = value, now
                     elif now - last_change[peer] > self.timeout_s:
-                        abort(f"{self.describe(peer)} stopped responding for {self.timeout_s:g} s (dead or hung); exiting")
+                        abort(
+                            f"{self.describe(peer)} timed out: no heartbeat for stream.timeout_s={self.timeout_s:g} s "
+                            "(stopped, hung or dead); exiting"
+                        )
             except RuntimeError as exc:
                 if self._stop.is_set():
                     return

@@ -1,14 +1,14 @@
 """Command-line entry of training: ``recipe=NAME`` plus ``dotted.key=value`` overrides.
 
 The recipe is validated before anything heavy is imported or loaded, so a typo fails in well under a second
-with a one-line message.
+with a one-line message. Bad input found later (a data file, a checkpoint to resume) is reported the same way:
+``error: <one line>`` on stderr and exit status 2 (``deepspec_train.errors``).
 """
 
 from __future__ import annotations
 
-import sys
-
 from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.errors import exit_on_user_error
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
 
@@ -31,12 +31,12 @@ def parse_command_line(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        recipe, overrides = parse_command_line(argv)
-        cfg = load_recipe(recipe, overrides)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return exit_on_user_error(lambda: _train_from_command_line(argv))
+
+
+def _train_from_command_line(argv: list[str]) -> int:
+    recipe, overrides = parse_command_line(argv)
+    cfg = load_recipe(recipe, overrides)
     from deepspec_train.training.run import run_training
 
     run_training(cfg)
