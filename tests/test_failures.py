@@ -1,6 +1,7 @@
 """Failure handling in streamed mode: when the target worker is killed mid-run, every drafter worker exits
 non-zero within ``stream.timeout_s`` with a message naming the dead target worker as dead; when it is stopped
-(SIGSTOP), with a message naming it as timed out. Nothing hangs either way."""
+(SIGSTOP), with a message naming it as timed out; when a drafter is killed inside the drafters' gradient
+all-reduce, the other drafter names it as dead instead of failing with a traceback. Nothing hangs."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ __all__ = ["streaming_world"]
 TIMEOUT_S = 20
 
 
-def fail_the_target(world: dict, tmp_path: Path, how: signal.Signals) -> tuple[list[int], float, str]:
-    """Start 1 target + 2 drafters, send the target ``how`` after two steps; (drafter codes, seconds, logs)."""
+def fail_a_rank(world: dict, tmp_path: Path, how: signal.Signals, rank: int = 0) -> tuple[list[int], float, str]:
+    """Start 1 target + 2 drafters, send ``rank`` ``how`` after two steps; (the others' codes, seconds, logs)."""
     args = recipe_overrides(
         world, tmp_path, **{"topology.target_workers": 1, "train.max_steps": 100000,
                             "stream.timeout_s": TIMEOUT_S, "train.eval_every": 100000}
@@ -30,9 +31,9 @@ def fail_the_target(world: dict, tmp_path: Path, how: signal.Signals) -> tuple[l
             assert time.monotonic() < deadline, read_logs(tmp_path / "logs", 3)
             assert all(p.poll() is None for p in procs), read_logs(tmp_path / "logs", 3)
             time.sleep(0.2)
-        procs[0].send_signal(how)
+        procs[rank].send_signal(how)
         failed_at = time.monotonic()
-        codes = wait_all(procs[1:], timeout=TIMEOUT_S + 15)
+        codes = wait_all([p for r, p in enumerate(procs) if r != rank], timeout=TIMEOUT_S + 15)
         elapsed = time.monotonic() - failed_at
     finally:
         for proc in procs:
@@ -47,7 +48,7 @@ def error_lines(log_dir: Path, rank: int) -> list[str]:
 
 
 def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_world, tmp_path) -> None:
-    codes, elapsed, logs = fail_the_target(streaming_world, tmp_path, signal.SIGKILL)
+    codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGKILL)
     assert all(code not in (0, None) for code in codes), (codes, logs)
     assert elapsed < TIMEOUT_S + 10, (elapsed, logs)
     for rank in (1, 2):
@@ -58,7 +59,7 @@ def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_wor
 
 @pytest.mark.slow
 def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path) -> None:
-    codes, elapsed, logs = fail_the_target(streaming_world, tmp_path, signal.SIGSTOP)
+    codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGSTOP)
     assert all(code not in (0, None) for code in codes), (codes, logs)
     # A stopped peer keeps its connections open: only the deadline can catch it.
     assert TIMEOUT_S - 1 < elapsed < TIMEOUT_S + 10, (elapsed, logs)
@@ -66,3 +67,12 @@ def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path)
         (line,) = error_lines(tmp_path / "logs", rank)
         assert f"drafter worker {rank - 1} (rank {rank})" in line and "target worker 0 (rank 0) timed out" in line, logs
         assert "died" not in line, logs
+
+
+@pytest.mark.slow
+def test_a_drafter_killed_in_the_all_reduce_is_named_by_the_other_drafter(streaming_world, tmp_path) -> None:
+    codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGKILL, rank=2)
+    assert all(code not in (0, None) for code in codes) and elapsed < TIMEOUT_S + 10, (codes, elapsed, logs)
+    (line,) = error_lines(tmp_path / "logs", 1)
+    assert line.startswith("error: [rank 1] drafter worker 0 (rank 1): drafter worker 1 (rank 2) died"), logs
+    assert "Traceback" not in (tmp_path / "logs" / "rank1.log").read_text(), logs

@@ -25,7 +25,7 @@ from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.streamed_source import StreamedFeatureSource
 from deepspec_train.streaming.target_worker import DrafterFeed, StreamPlan, run_target_loop
-from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort
+from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort, is_peer_error
 from deepspec_train.target.head_weights import load_head_weights
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_config, load_target_model, resolve_dtype
@@ -54,6 +54,11 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
             summary = run_drafter_role(cfg, ctx, topology, out_dir)
     except PeerFailure as exc:
         abort(f"{me}: {exc}")
+    except RuntimeError as exc:
+        # A collective (the drafters' gradient all-reduce, a barrier) that failed because a peer went away.
+        if not is_peer_error(str(exc)):
+            raise
+        abort(f"{me}: {monitor.explain(exc)}")
     monitor.finish()
     return summary
 
