@@ -23,16 +23,20 @@ _PROCESS_PREFIX = "deepspec/process/"
 _GONE, _STOPPED = {"Z", "X", "x"}, {"T", "t"}
 
 
+def key(rank: int) -> str:
+    """The store key under which ``rank`` publishes its host and pid."""
+    return f"{_PROCESS_PREFIX}{rank}"
+
+
 def publish(store, rank: int) -> None:
-    store.set(f"{_PROCESS_PREFIX}{rank}", f"{socket.gethostname()} {os.getpid()}")
+    store.set(key(rank), f"{socket.gethostname()} {os.getpid()}")
 
 
 def lookup(store, rank: int) -> Optional[tuple[str, int]]:
     """``(hostname, pid)`` of ``rank`` once it has published them, else None."""
-    key = f"{_PROCESS_PREFIX}{rank}"
-    if not store.check([key]):
+    if not store.check([key(rank)]):
         return None
-    host, pid = store.get(key).decode().rsplit(" ", 1)
+    host, pid = store.get(key(rank)).decode().rsplit(" ", 1)
     return host, int(pid)
 
 
@@ -53,12 +57,17 @@ def process_state(identity: Optional[tuple[str, int]]) -> Optional[State]:
     return "stopped" if state in _STOPPED else "running"
 
 
-def find_gone(identities: dict[int, tuple[str, int]], wait_s: float = 2.0) -> list[int]:
+def find_gone(identities: dict[int, tuple[str, int]], wait_s: float = 2.0, settle_s: float = 0.5) -> list[int]:
     """Ranks whose process is gone, polled for up to ``wait_s``: a killed process closes its sockets while it
-    exits, a moment before the kernel marks it exited, so the first look can come too early."""
+    exits, a moment before the kernel marks it exited, so the first look can come too early. Once one is gone,
+    ``settle_s`` more lets a peer that failed at the same time (or exited because of it) show up as well."""
     deadline = time.monotonic() + wait_s
+    settled: float | None = None
     while True:
         gone = [rank for rank, identity in sorted(identities.items()) if process_state(identity) == "gone"]
-        if gone or time.monotonic() >= deadline:
+        now = time.monotonic()
+        if gone and settled is None:
+            settled = now + settle_s
+        if (settled is not None and now >= settled) or now >= deadline:
             return gone
         time.sleep(0.05)

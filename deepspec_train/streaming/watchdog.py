@@ -97,6 +97,14 @@ class PeerMonitor:
 
     def start(self) -> "PeerMonitor":
         peer_processes.publish(self._store, self.rank)
+        # Every rank starts its monitor right after the same collective, so the peers' entries arrive together;
+        # having them all before the first step means a failure in that step can already be explained.
+        peers = [peer_processes.key(rank) for rank in range(self.world_size) if rank != self.rank]
+        try:
+            self._store.wait(peers, datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError:
+            pass  # a peer that never comes up is caught by the point-to-point deadlines
+        self._copy_identities()
         self._thread = threading.Thread(target=self._run, name="deepspec-peer-monitor", daemon=True)
         self._thread.start()
         return self
