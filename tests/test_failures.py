@@ -66,7 +66,8 @@ def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path)
     for rank in (1, 2):
         (line,) = error_lines(tmp_path / "logs", rank)
         assert f"drafter worker {rank - 1} (rank {rank})" in line and "target worker 0 (rank 0) timed out" in line, logs
-        assert "died" not in line, logs
+        # The other drafter may have left first (on its own timeout); only it can be named as gone.
+        assert "target worker 0 (rank 0) died" not in line and "target worker 0 (rank 0), " not in line, logs
 
 
 @pytest.mark.slow

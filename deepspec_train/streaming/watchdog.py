@@ -118,18 +118,28 @@ class PeerMonitor:
             pass  # the store host already left after finishing; there is nobody left to tell
 
     def explain(self, error: RuntimeError) -> str:
-        """One line about a collective that failed with ``error``: which peer's process is gone, if one on this
-        host is, else what the error says."""
+        """One line about a collective that failed with ``error``: the peers on this host whose process is
+        stopped (the likely cause: a peer that timed out on it may have exited first) and those that are gone;
+        with none, what the error says."""
         self._copy_identities()
         gone = peer_processes.find_gone(self.identities)
+        stopped = [r for r, identity in sorted(self.identities.items())
+                   if peer_processes.process_state(identity) == "stopped"]
+        parts = []
+        if stopped:
+            parts.append(f"{self._names(stopped)} timed out: its process is stopped")
         if gone:
-            names = ", ".join(self.describe(rank) for rank in gone)
-            return f"{names} died during a collective with this rank ({first_line(error)}); exiting"
+            parts.append(f"{self._names(gone)} died during a collective with this rank ({first_line(error)})")
+        if parts:
+            return "; ".join(parts) + "; exiting"
         kind = "timed out" if is_timeout(str(error)) else "closed its connection"
         return (
-            f"a peer {kind} during a collective with this rank and none on this host is gone (another node, or "
-            f"stopped: the other ranks' logs name it): {first_line(error)}; exiting"
+            f"a peer {kind} during a collective with this rank and none on this host is stopped or gone (it runs "
+            f"on another node: the other ranks' logs name it): {first_line(error)}; exiting"
         )
+
+    def _names(self, ranks: list[int]) -> str:
+        return ", ".join(self.describe(rank) for rank in ranks)
 
     def _copy_identities(self) -> None:
         for peer in range(self.world_size):
