@@ -121,7 +121,7 @@ def _newest_valid_checkpoint(output_dir: str | Path) -> Optional[Path]:
     if skipped:
         raise UserError(
             f"train.resume=auto: no valid checkpoint in {checkpoint_dir(output_dir)} ({'; '.join(skipped)}); "
-            "remove them, or start a fresh run with train.resume=none"
+            "move them aside to start over"
         )
     return None
 
