@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation, write_conversations_jsonl
+from deepspec_train.errors import UserError, exit_on_user_error
 
 DEFAULT_SOURCE = "mlabonne/open-perfectblend"
 MANIFEST = "manifest.json"
@@ -211,10 +212,14 @@ def _rows_summary(manifest: dict) -> Iterator[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """Exit status 0, or 2 with one ``error:`` line for bad options or a source that gives no rows."""
     args = _parse(argv)
+    return exit_on_user_error(lambda: _prepare(args))
+
+
+def _prepare(args: argparse.Namespace) -> int:
     if args.max_prompt_tokens is not None and args.tokenizer is None:
-        print("--max-prompt-tokens needs --tokenizer", file=sys.stderr)
-        return 2
+        raise UserError("--max-prompt-tokens needs --tokenizer")
     manifest = prepare(
         args.source, args.out, args.split, args.validation_fraction, args.min_prompt_chars, args.max_prompt_chars,
         args.tokenizer, args.max_prompt_tokens,

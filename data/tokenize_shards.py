@@ -14,9 +14,10 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.config.loader import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import DataSummary, build_token_dataset
+from deepspec_train.errors import exit_on_user_error
 from deepspec_train.training.entry import parse_command_line
 
 
@@ -39,13 +40,14 @@ def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    try:
-        recipe, overrides = parse_command_line(sys.argv[1:] if argv is None else argv)
-        # Tokenising reads the target's tokenizer only: the rules that tie taps to its layers do not apply yet.
-        cfg = load_recipe(recipe, overrides, check_target=False)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    """Exit status 0, or 2 with one ``error:`` line for a bad recipe or data file (``deepspec_train.errors``)."""
+    return exit_on_user_error(lambda: _tokenize(sys.argv[1:] if argv is None else argv))
+
+
+def _tokenize(argv: list[str]) -> int:
+    recipe, overrides = parse_command_line(argv)
+    # Tokenising reads the target's tokenizer only: the rules that tie taps to its layers do not apply yet.
+    cfg = load_recipe(recipe, overrides, check_target=False)
     for split, summary in tokenize_recipe_data(cfg).items():
         print(f"{split}: {summary.format()}")
     return 0

@@ -2,6 +2,8 @@
 
 Each verb lives in its own module that exposes ``add_arguments(parser)`` and ``run(args) -> int``; this file only
 wires them together and imports a verb's module when that verb is used, so ``deepspec --help`` stays fast.
+A verb reports bad input by raising ``errors.UserError``: it is printed as ``error: <one line>`` and the command
+exits with status 2 (the exit statuses are listed in ``deepspec_train.errors``).
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from deepspec_train.errors import exit_on_user_error
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -42,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     module = importlib.import_module(VERBS[verb][0])
     verb_parser = argparse.ArgumentParser(prog=f"deepspec {verb}", description=VERBS[verb][1])
     module.add_arguments(verb_parser)
-    return int(module.run(verb_parser.parse_args(rest)) or 0)
+    args = verb_parser.parse_args(rest)
+    return exit_on_user_error(lambda: module.run(args))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, Optional
 
 import torch.distributed as dist
 
@@ -21,7 +21,23 @@ def get_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+_speaker: Optional[bool] = None
+
+
+def speak_for_role(role_main: bool) -> None:
+    """Let the console helpers speak on this process when ``role_main`` (instead of on global rank 0 only).
+
+    Streamed training calls it with "this rank is rank 0 of its role": target worker 0 and drafter worker 0
+    (global rank T) then both log their own progress and summary.
+    """
+    global _speaker
+    _speaker = role_main
+
+
 def is_main_process() -> bool:
+    """Whether this process speaks: global rank 0, unless ``speak_for_role`` said otherwise."""
+    if _speaker is not None:
+        return _speaker
     return get_rank() == 0
 
 

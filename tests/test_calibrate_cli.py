@@ -100,10 +100,10 @@ def test_calibrate_refuses_mismatched_block_and_missing_logits(tmp_path, target_
     before = (export_dir / "config.json").read_text()
     write_traces(tmp_path / "short.jsonl", 200, seed=4, temperatures=[2.0, 2.0, 2.0])
     assert main(["calibrate", "--traces", str(tmp_path / "short.jsonl"), "--out", str(tmp_path / "c"),
-                 "--drafter", str(export_dir)]) == 1
+                 "--drafter", str(export_dir)]) == 2
     assert (export_dir / "config.json").read_text() == before
     write_traces(tmp_path / "none.jsonl", 10, seed=5, with_logits=False)
-    assert main(["calibrate", "--traces", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "d")]) == 1
+    assert main(["calibrate", "--traces", str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "d")]) == 2
 
 
 def test_read_traces_rejects_impossible_rounds_naming_the_line(tmp_path):

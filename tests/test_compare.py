@@ -182,11 +182,11 @@ def test_results_file_only(runs: dict[str, Path], tmp_path: Path) -> None:
 def test_duplicate_names_and_bad_paths(runs: dict[str, Path], tmp_path: Path) -> None:
     rows = collect_rows([runs["eagle3"], runs["eagle3"], runs["eagle3"]])
     assert [r.name for r in rows] == ["eagle3", "eagle3-2", "eagle3-3"]
-    assert main(["compare", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 1
+    assert main(["compare", str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
     (tmp_path / "empty").mkdir()
-    assert main(["compare", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 1
+    assert main(["compare", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
     not_results = _write_json(tmp_path / "other.json", {"steps": 3})
-    assert main(["compare", str(not_results), "--out", str(tmp_path / "o")]) == 1
+    assert main(["compare", str(not_results), "--out", str(tmp_path / "o")]) == 2
 
 
 def test_wandb_offline_run_gets_tables(runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ import pytest
 from deepspec_train.data import conversations
 from deepspec_train.data.conversations import (
     BadRow,
+    DataSourceError,
     iter_records,
     normalize_conversation,
     read_conversations_jsonl,
@@ -64,7 +65,7 @@ def test_saved_dataset_directory_and_split(tmp_path):
     datasets.DatasetDict({"train": dataset, "test": dataset.select([1])}).save_to_disk(str(tmp_path / "dict"))
     assert [r for _, r in records(tmp_path / "single")] == ROWS
     assert records(tmp_path / "dict", split="test") == [(f"{tmp_path / 'dict'}:0", ROWS[1])]
-    with pytest.raises(KeyError, match="no split 'validation'"):
+    with pytest.raises(DataSourceError, match="no split 'validation'"):
         records(tmp_path / "dict", split="validation")
 
 
@@ -73,7 +74,7 @@ def test_directory_and_glob_of_data_files(tmp_path):
     write_conversations_jsonl(tmp_path / "part-2.jsonl", ROWS[1:])
     assert [r for _, r in records(tmp_path)] == ROWS
     assert [r for _, r in records(tmp_path / "part-*.jsonl")] == ROWS
-    with pytest.raises(FileNotFoundError, match="matches no file"):
+    with pytest.raises(DataSourceError, match="matches no file"):
         records(tmp_path / "nothing-*.jsonl")
 
 
@@ -93,14 +94,14 @@ def test_unreachable_hub_name_gives_a_clear_error(monkeypatch):
         raise ConnectionError("Couldn't reach 'org/chat' on the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(FileNotFoundError, match="not a local file or directory.*network access"):
+    with pytest.raises(DataSourceError, match="not a local file or directory.*network access"):
         records("org/chat")
 
 
 def test_unsupported_file_type(tmp_path):
     path = tmp_path / "chat.csv"
     path.write_text("a,b\n")
-    with pytest.raises(ValueError, match="unsupported file type"):
+    with pytest.raises(DataSourceError, match="unsupported file type"):
         records(path)
 
 
@@ -180,6 +181,7 @@ def test_read_conversations_jsonl_raises_on_invalid_json(tmp_path):
 
 def test_module_lists_every_reason():
     assert set(conversations.BAD_ROW_REASONS) == {
+        "invalid_encoding",
         "invalid_json",
         "missing_field",
         "unknown_role",

@@ -486,7 +486,7 @@ def test_export_cli_with_calibration_and_refusal(tmp_path, target_dir, capsys):
     strict_json_loads((tmp_path / "out" / STS_FILENAME).read_text())
     readme = (tmp_path / "out" / "README.md").read_text()
     assert "--speculative-algorithm DSPARK" in readme and '"method":"dspark"' in readme
-    assert main(argv[:-2] + ["--layout", "eagle3", "--out", str(tmp_path / "bad")]) == 1
+    assert main(argv[:-2] + ["--layout", "eagle3", "--out", str(tmp_path / "bad")]) == 2
     assert "export refused" in capsys.readouterr().err and not (tmp_path / "bad").exists()
-    assert main(argv[:-2] + ["--out", str(tmp_path / "bad"), "--calibration", str(tmp_path / "none.json")]) == 1
+    assert main(argv[:-2] + ["--out", str(tmp_path / "bad"), "--calibration", str(tmp_path / "none.json")]) == 2
     assert "no sglang_sts.json beside it" in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -239,11 +239,12 @@ def test_failed_rows_are_counted_not_written_and_retried(tmp_path: Path) -> None
 
 
 class ScriptedServer(ThreadingHTTPServer):
-    """Answers POSTs with the next status of ``script`` (then 200s), recording each request body."""
+    """Answers POSTs with the next entry of ``script`` (then 200s), recording each request body. An entry is an
+    HTTP status, or raw bytes sent as the body of a 200 (a malformed response)."""
 
     daemon_threads = True
 
-    def __init__(self, script: list[int], answer: str) -> None:
+    def __init__(self, script: list[int | bytes], answer: str) -> None:
         super().__init__(("127.0.0.1", 0), ScriptedHandler)
         self.script, self.answer, self.bodies = list(script), answer, []
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -269,6 +270,8 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         status = self.server.script.pop(0) if self.server.script else 200
         body = {"choices": [{"message": {"role": "assistant", "content": self.server.answer}}]}
         data = json.dumps(body if status == 200 else {"error": {"message": "scripted"}}).encode()
+        if isinstance(status, bytes):
+            status, data = 200, status
         self.send_response(status)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -279,7 +282,7 @@ class ScriptedHandler(BaseHTTPRequestHandler):
 def scripted():
     started: list[ScriptedServer] = []
 
-    def start(script: list[int], answer: str = "fine") -> ScriptedServer:
+    def start(script: list[int | bytes], answer: str = "fine") -> ScriptedServer:
         started.append(ScriptedServer(script, answer))
         return started[-1]
 

@@ -1,7 +1,8 @@
 """Exact resume in streamed mode (1 target + 1 drafter, gloo, CPU fp32): 10 steps, then ``train.resume=auto``
 for 10 more, gives the same per-step losses as 20 uninterrupted steps. 20 steps cross an epoch boundary
 (12 steps per epoch here), so the data position, the LR schedule, the optimizer and the RNG all have to come
-back right; the checkpoint holds only safetensors, JSON and tensor-only ``torch.save`` files."""
+back right; the checkpoint holds only safetensors, JSON and tensor-only ``torch.save`` files. The resumed run's
+log lines come from each role's own rank 0."""
 
 from __future__ import annotations
 
@@ -33,3 +34,10 @@ def test_resumed_streamed_run_matches_uninterrupted(streaming_world, tmp_path) -
     assert sorted(expected) == list(range(1, 21)) and sorted(resumed) == list(range(1, 21))
     for step in range(1, 21):
         assert abs(expected[step] - resumed[step]) <= 1e-6, (step, expected[step], resumed[step])
+
+    # Each role's rank 0 speaks for its role: the drafter's resume and summary lines come from drafter worker 0
+    # (global rank 1), the target's from target worker 0.
+    drafter_log, target_log = (split / "logs2" / "rank1.log").read_text(), (split / "logs2" / "rank0.log").read_text()
+    assert f"resumed from {stopped[0]} at step 10" in drafter_log, drafter_log
+    assert "done: 20 steps" in drafter_log and "final loss" in drafter_log, drafter_log
+    assert "target worker 0 done" in target_log and "resumed from" not in target_log, target_log

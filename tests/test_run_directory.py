@@ -28,7 +28,7 @@ def test_an_empty_directory_takes_a_fresh_run(tiny_world, tmp_path) -> None:
     assert output_dir_problems(_cfg(tiny_world, tmp_path)) == []
 
 
-@pytest.mark.parametrize("marker", ["metrics.jsonl", IDENTITY_FILE, "checkpoints/step_00000010", "drafter"])
+@pytest.mark.parametrize("marker", ["metrics.jsonl", "summary.json", "checkpoints/step_00000010", "drafter"])
 def test_a_fresh_run_into_a_used_directory_is_refused(tiny_world, tmp_path, marker: str) -> None:
     path = tmp_path / "run" / marker
     if "." in marker:
@@ -63,11 +63,20 @@ def test_resume_refuses_a_run_of_another_identity(tiny_world, tmp_path) -> None:
     assert "anchors.num_per_sequence: 32 there, 4 here" in problem
 
 
-def test_identity_covers_model_and_data_not_cadence(tiny_world, tmp_path) -> None:
+def test_identity_covers_model_and_data_not_schedule_or_cadence(tiny_world, tmp_path) -> None:
     fields = identity_fields(_cfg(tiny_world, tmp_path))
     assert {"drafter.num_layers", "target.layer_ids", "data.train", "anchors.num_per_sequence", "run.seed"} <= set(fields)
-    assert not {k for k in fields if k.startswith(("logging.", "topology.", "stream."))}
-    assert "train.checkpoint_every" not in fields and "train.stop_at_step" not in fields
+    assert not {k for k in fields if k.startswith(("logging.", "topology.", "stream.", "loss."))}
+    assert not {"train.checkpoint_every", "train.stop_at_step", "train.max_steps", "train.lr"} & set(fields)
+
+
+def test_a_start_that_failed_before_training_leaves_no_run(tiny_world, tmp_path) -> None:
+    claim_output_dir(_cfg(tiny_world, tmp_path, "drafter.num_layers=3"))
+    cfg = _cfg(tiny_world, tmp_path)
+    assert output_dir_problems(cfg) == []
+    claim_output_dir(cfg)
+    recorded = json.loads((tmp_path / "run" / IDENTITY_FILE).read_text())["fields"]
+    assert recorded["drafter.num_layers"] == 2
 
 
 def test_overwrite_moves_the_old_run_aside(tiny_world, tmp_path) -> None:
@@ -96,4 +105,4 @@ def test_a_second_fresh_run_is_refused_and_the_first_kept(tiny_world, tmp_path) 
     assert second.returncode == 2 and len(lines) == 1 and "already holds a run" in lines[0], second.stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
     identity = json.loads((tmp_path / "run" / IDENTITY_FILE).read_text())
-    assert identity["fields"]["train.max_steps"] == 2 and identity["identity"]
+    assert identity["fields"]["drafter.num_layers"] == 2 and identity["identity"]

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
+from deepspec_train.errors import UserError
 from deepspec_train.export.engine_files import STS_FILENAME, sts_payload, write_strict_json
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.figures import new_figure, save_png
@@ -115,8 +115,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         traces = survival_arrays(read_traces(args.traces))
     except (ValueError, KeyError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        raise UserError(str(err)) from err
     result = sequential_temperature_scaling(traces.logits, traces.survived, traces.valid, n_bins=N_BINS)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,8 +143,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             path = write_confidence_temperatures(args.drafter, result.temperatures)
         except (ValueError, OSError) as err:
-            print(f"error: temperatures not stored in {args.drafter}: {err}", file=sys.stderr)
-            return 1
+            raise UserError(f"temperatures not stored in {args.drafter}: {err}") from err
         write_strict_json(Path(args.drafter) / STS_FILENAME, sts)
         print(f"stored confidence_temperatures in {path} and {Path(args.drafter) / STS_FILENAME} beside it")
     return 0

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import yaml
 from deepspec_train.comparison.collect import DrafterRow, collect_rows, suites_of
 from deepspec_train.comparison.plots import write_plots
 from deepspec_train.comparison.report import calibration_table, main_table, markdown_table, write_report
+from deepspec_train.errors import UserError
 
 DEFAULT_GROUP = "deepspec-compare"
 # W&B truncates longer run names; a readable prefix of the drafter list is enough to recognise the run.
@@ -108,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = collect_rows(args.paths)
     except (OSError, ValueError, yaml.YAMLError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+        raise UserError(str(err)) from err
     out = Path(args.out)
     plot_files = write_plots(rows, out)
     report = write_report(rows, out, plot_files)

@@ -23,14 +23,16 @@ import yaml
 
 from deepspec_train.config.rules import read_target_config, recipe_problems, target_problems
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.errors import UserError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 # Top-level recipe sections read by other verbs than training, which validate them themselves.
 OTHER_VERB_SECTIONS = ("regenerate",)
 
 
-class ConfigError(ValueError):
-    """A recipe or override that does not validate; the message is one line meant for the user."""
+class ConfigError(UserError, ValueError):
+    """A recipe or override that does not validate; the message is one line meant for the user (a ``UserError``:
+    the entry points print it and exit with status 2)."""
 
 
 def recipe_dirs() -> list[Path]:

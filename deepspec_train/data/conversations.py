@@ -7,7 +7,10 @@ Rows come in OpenAI form (``messages`` / ``role`` / ``content``) or ShareGPT for
 ``from`` / ``value``) and are normalised to a list of ``{"role", "content"}`` messages.
 
 Bad rows are reported as ``BadRow`` values carrying a reason and a ``file:line`` location, so the caller
-decides whether to count and skip them or to stop.
+decides whether to count and skip them or to stop; JSON lines are decoded one by one, so a line that is not
+UTF-8 is a bad row (``invalid_encoding``) rather than the end of the file. A source that cannot give rows at all
+(a missing path, an empty file, an unsupported or unreadable file) raises ``DataSourceError`` naming it. Both
+are ``UserError``: the training entry point prints them as one line.
 """
 
 from __future__ import annotations
@@ -19,10 +22,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from deepspec_train.errors import UserError
+
 Message = dict
 """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
 
 BAD_ROW_REASONS = (
+    # A JSON line whose bytes are not UTF-8 (JSON text is UTF-8 by RFC 8259).
+    "invalid_encoding",
     "invalid_json",
     "missing_field",
     "unknown_role",
@@ -51,9 +58,14 @@ DATA_FILE_SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES + ARROW_SUFFIXES
 
 # Rows are pulled from columnar files in batches of this many, to bound memory on large shards.
 _TABLE_BATCH_ROWS = 4096
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
-class BadRow(Exception):
+class DataSourceError(UserError):
+    """A data source that yields no rows at all: missing, empty, of an unsupported type or unreadable."""
+
+
+class BadRow(UserError):
     """A row that cannot become a training sample; ``reason`` is one of ``BAD_ROW_REASONS``."""
 
     def __init__(self, reason: str, where: str = "", detail: str = "") -> None:
@@ -92,44 +104,90 @@ def iter_records(source: str, split: str = "train") -> Iterator[tuple[str, dict 
     elif glob.has_magic(source):
         matches = sorted(glob.glob(os.path.expanduser(source), recursive=True))
         if not matches:
-            raise FileNotFoundError(f"data source {source!r}: the pattern matches no file")
+            raise DataSourceError(f"data source {source!r}: the pattern matches no file")
         for match in matches:
             yield from iter_records(match, split)
+    elif looks_like_a_path(source):
+        raise DataSourceError(f"data source {source!r}: no such file or directory")
     else:
         yield from _iter_load_dataset(source, split)
+
+
+def looks_like_a_path(source: str) -> bool:
+    """Whether ``source`` names a local file rather than a ``datasets`` hub name such as ``org/name``."""
+    expanded = os.path.expanduser(source)
+    return (
+        os.path.isabs(expanded)
+        or source.startswith(("./", "../", "~"))
+        or Path(source).suffix.lower() in DATA_FILE_SUFFIXES
+    )
 
 
 def _iter_file(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
     suffix = path.suffix.lower()
     if suffix in JSON_SUFFIXES:
-        yield from _iter_json(path)
+        rows = _iter_json(path)
     elif suffix in PARQUET_SUFFIXES:
-        yield from _iter_parquet(path)
+        rows = _iter_columnar(path, _parquet_batches, "Parquet")
     elif suffix in ARROW_SUFFIXES:
-        yield from _iter_arrow(path)
+        rows = _iter_columnar(path, _arrow_batches, "Arrow")
     else:
-        raise ValueError(f"data source {str(path)!r}: unsupported file type; expected one of {DATA_FILE_SUFFIXES}")
+        raise DataSourceError(
+            f"data file {path}: unsupported file type {suffix or '(no suffix)'!r}; expected one of "
+            f"{', '.join(DATA_FILE_SUFFIXES)}"
+        )
+    count = 0
+    for item in rows:
+        count += 1
+        yield item
+    if count == 0:
+        raise DataSourceError(f"data file {path} is empty: it holds no rows")
 
 
 def _iter_json(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
-    with open(path, encoding="utf-8") as handle:
-        first = handle.read(1)
-        while first and first.isspace():
-            first = handle.read(1)
-    if first == "[":
+    if _first_non_blank_byte(path) == b"[":
         yield from _iter_json_array(path)
         return
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{line_number}"
+            try:
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8")
+            except UnicodeDecodeError as error:
+                yield where, BadRow("invalid_encoding", where, _decode_detail(raw, error))
+                continue
             yield where, _parse_json_object(line, where)
 
 
+def _first_non_blank_byte(path: Path) -> bytes:
+    with open(path, "rb") as handle:
+        chunk = handle.read(1 << 16).removeprefix(_UTF8_BOM)
+        while chunk:
+            stripped = chunk.lstrip()
+            if stripped:
+                return stripped[:1]
+            chunk = handle.read(1 << 16)
+    return b""
+
+
+def _decode_detail(raw: bytes, error: UnicodeDecodeError) -> str:
+    return f"byte 0x{raw[error.start]:02x} at offset {error.start} is not UTF-8"
+
+
 def _iter_json_array(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+    raw = path.read_bytes()
     try:
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        # The whole array is unreadable; report it once, at the line of the offending byte.
+        line_number = raw.count(b"\n", 0, error.start) + 1
+        where = f"{path}:{line_number}"
+        yield where, BadRow("invalid_encoding", where, _decode_detail(raw, error))
+        return
+    try:
+        rows = json.loads(text)
     except json.JSONDecodeError as error:
         # The whole array is unreadable; report it once, at the line where parsing failed.
         yield f"{path}:{error.lineno}", BadRow("invalid_json", f"{path}:{error.lineno}", error.msg)
@@ -149,17 +207,28 @@ def _parse_json_object(text: str, where: str) -> dict | BadRow:
     return value
 
 
-def _iter_parquet(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
-    import pyarrow.parquet as pq
+def _iter_columnar(path: Path, batches_of: Any, kind: str) -> Iterator[tuple[str, dict | BadRow]]:
+    """Rows of a Parquet or Arrow file; a file that is not one (or is cut short) raises ``DataSourceError``."""
+    import pyarrow as pa
 
     index = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=_TABLE_BATCH_ROWS):
-        for row in batch.to_pylist():
-            yield f"{path}:{index}", row
-            index += 1
+    try:
+        for batch in batches_of(path):
+            for row in batch.to_pylist():
+                yield f"{path}:{index}", row
+                index += 1
+    except (pa.ArrowException, OSError) as error:
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise DataSourceError(f"data file {path}: not a readable {kind} file after row {index} ({first_line})") from None
 
 
-def _iter_arrow(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
+def _parquet_batches(path: Path) -> Iterator[Any]:
+    import pyarrow.parquet as pq
+
+    yield from pq.ParquetFile(path).iter_batches(batch_size=_TABLE_BATCH_ROWS)
+
+
+def _arrow_batches(path: Path) -> Iterator[Any]:
     import pyarrow as pa
 
     with pa.memory_map(str(path)) as source:
@@ -170,11 +239,7 @@ def _iter_arrow(path: Path) -> Iterator[tuple[str, dict | BadRow]]:
             # `datasets` writes the streaming IPC format; Feather v2 / pyarrow files use the file format.
             source.seek(0)
             batches = iter(pa.ipc.open_stream(source))
-        index = 0
-        for batch in batches:
-            for row in batch.to_pylist():
-                yield f"{path}:{index}", row
-                index += 1
+        yield from batches
 
 
 def _iter_directory(path: Path, split: str) -> Iterator[tuple[str, dict | BadRow]]:
@@ -195,7 +260,7 @@ def _iter_saved_dataset(path: Path, split: str) -> Iterator[tuple[str, dict | Ba
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if split not in loaded:
-            raise KeyError(f"data source {str(path)!r}: no split {split!r}; available: {sorted(loaded)}")
+            raise DataSourceError(f"data source {str(path)!r}: no split {split!r}; available: {sorted(loaded)}")
         loaded = loaded[split]
     yield from _iter_dataset_rows(loaded, str(path))
 
@@ -206,10 +271,11 @@ def _iter_load_dataset(source: str, split: str) -> Iterator[tuple[str, dict | Ba
     try:
         loaded = datasets.load_dataset(source, split=split)
     except Exception as error:
-        raise FileNotFoundError(
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise DataSourceError(
             f"data source {source!r} is not a local file or directory, and datasets.load_dataset could not load "
             f"it (a hub dataset needs network access; offline, download it elsewhere and pass the local "
-            f"path): {type(error).__name__}: {error}"
+            f"path): {type(error).__name__}: {first_line}"
         ) from error
     yield from _iter_dataset_rows(loaded, source)
 

@@ -5,9 +5,11 @@
         [--seed S] --out results.json [--save-traces TRACES.jsonl]
 
 ``--drafter`` is an export directory or a training output (``<run>/drafter``). Each prompt of each suite is
-decoded as one conversation (all its turns); ``results.json`` holds tau, conditional acceptance per position and
-tokens/s per suite and category (``deepspec_train.evaluation.report``); ``--save-traces`` writes the per-round
-traces (``deepspec_train.formats.eval_traces``), the input of ``deepspec calibrate`` and ``deepspec simulate``.
+decoded as one conversation (all its turns); an empty suite (no prompts, or ``--max-prompts 0``) is refused
+before any model loads, and so is a target other than the one the drafter was trained for. ``results.json``
+holds tau, conditional acceptance per position and tokens/s per suite and category
+(``deepspec_train.evaluation.report``); ``--save-traces`` writes the per-round traces
+(``deepspec_train.formats.eval_traces``), the input of ``deepspec calibrate`` and ``deepspec simulate``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from deepspec_train.errors import UserError
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.speculative_decoder import RoundRecord, SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     suites = [load_suite(spec, args.tinyworld, args.max_prompts) for spec in args.suite]
     names = [s.name for s in suites]
     if len(set(names)) != len(names):
-        raise SystemExit(f"suite names must be distinct, got {names}")
+        raise UserError(f"suite names must be distinct, got {names}")
     loaded = load_exported_drafter(args.drafter, target_path=args.target, device=device)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     target.requires_grad_(False)

@@ -8,20 +8,21 @@ The layout defaults to the drafter's own (see ``deepspec_train.export.exporter``
 ``calibration.json`` written by ``deepspec calibrate`` (or the ``sglang_sts.json`` beside it): the temperatures go
 into the DSpark config.json (read by this project's loader and evaluator) and the STS file is copied next to the
 export (SGLang's only source of calibration). The export is checked against each engine's rules
-(``engine_rules``) before anything is written: an engine that would capture other target layers than the drafter
-was trained on, a tensor an engine refuses or a field it needs that is missing is refused (exit code 1, one line
-per problem, nothing written). ``--engines`` narrows the check (default: every engine that serves the layout).
-On success the command prints, per engine, the target layers it will capture and the serve command lines
-(``--sps`` names the SGLang SPS table written by ``deepspec profile-sps`` in them).
+(``engine_rules``) and against the target the drafter was trained for before anything is written: an engine
+that would capture other target layers than the drafter was trained on, a tensor an engine refuses, a field it
+needs that is missing, or another target is refused (exit status 2, a ``UserError``: one line listing every
+problem, nothing written). ``--engines`` narrows the check (default: every engine that serves the layout). On
+success the command prints, per engine, the target layers it will capture and the serve command lines (``--sps``
+names the SGLang SPS table written by ``deepspec profile-sps`` in them).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from deepspec_train.errors import UserError
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
 from deepspec_train.export.engine_rules import ENGINES, check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
@@ -71,11 +72,7 @@ def run(args: argparse.Namespace) -> int:
         readings = check_export_dir(out, args.target, args.engines, args.sps)
     # LayoutError and EngineRuleError are ValueErrors: a refused export lands here with every problem listed.
     except (ValueError, OSError, KeyError) as err:
-        lines = str(err).splitlines() or [repr(err)]
-        print(f"error: export refused: {lines[0]}", file=sys.stderr)
-        for line in lines[1:]:
-            print(f"error: export refused: {line}", file=sys.stderr)
-        return 1
+        raise UserError(f"export refused: {err}") from err
     config = json.loads((out / "config.json").read_text())
     print(f"exported {config['architectures'][0]} ({args.dtype}) to {out}")
     if "confidence_temperatures" in config:

@@ -1,17 +1,19 @@
 """One run per output directory: what a run directory holds, who may write into it, and how a run is identified.
 
 A run writes ``run_identity.json`` into ``run.output_dir`` when it starts: the fields of the resolved recipe that
-change the model or the data (``IDENTITY_KEYS``; the drafter, its target and taps, the data, anchors, loss, seed
-and optimisation schedule), a hash of them and of the whole resolved config, and the start time. Before anything
-loads, every rank checks the directory the same way (``output_dir_problems``, read-only, so all ranks reach the
-same verdict):
+change the model or the data (``IDENTITY_KEYS``: the drafter, its target and taps, the data files and their
+rendering, anchors, seed and how sequences are batched), a hash of them and of the whole resolved config, and the
+start time. Before anything loads, every rank checks the directory the same way (``output_dir_problems``,
+read-only, so all ranks reach the same verdict):
 
-- a fresh run (``train.resume=none``) into a directory that already holds a run (its identity, metrics,
-  checkpoints or trained drafter) is refused: ``train.resume=auto`` continues that run, ``run.overwrite=true``
-  starts over after moving the old run aside to ``<output_dir>.replaced-<time>`` (nothing is deleted);
+- a fresh run (``train.resume=none``) into a directory that already holds a run (its metrics, checkpoints or
+  trained drafter; an identity alone is a start that failed before its first step, and is replaced) is refused:
+  ``train.resume=auto`` continues that run, ``run.overwrite=true`` starts over after moving the old run aside to
+  ``<output_dir>.replaced-<time>`` (nothing is deleted);
 - ``train.resume=auto`` or a checkpoint path continues only a run whose identity fields equal this recipe's;
   a difference (e.g. ``drafter.num_layers``) is refused with the fields and both values. Fields outside the
-  identity (logging, checkpoint and evaluation cadence, ``train.stop_at_step``, topology, engine) may change;
+  identity (optimisation schedule and step count, loss weights, logging, checkpoint and evaluation cadence,
+  ``train.stop_at_step``, topology, engine) may change;
 - ``train.resume=auto`` into a directory whose run left no checkpoint is refused as well: there is nothing to
   continue, and starting over would append to that run's metrics.
 
@@ -34,12 +36,10 @@ IDENTITY_FILE = "run_identity.json"
 # Dotted recipe keys whose values make a different model or different training data.
 IDENTITY_KEYS = (
     "drafter", "target.path", "target.layer_ids", "data.train", "data.validation", "data.max_length", "data.split",
-    "data.enable_thinking", "anchors", "loss", "run.seed", "train.lr", "train.warmup_frac", "train.weight_decay",
-    "train.grad_clip", "train.epochs", "train.max_steps", "train.global_batch_sequences",
-    "train.micro_batch_sequences", "train.mixed_precision",
+    "data.enable_thinking", "anchors", "run.seed", "train.global_batch_sequences", "train.micro_batch_sequences",
 )
-# What a directory holds once a run has written into it.
-RUN_MARKERS = (IDENTITY_FILE, "metrics.jsonl", "summary.json", "drafter")
+# What a directory holds once a run has trained in it (checkpoints are checked separately).
+RUN_MARKERS = ("metrics.jsonl", "summary.json", "drafter")
 
 
 def _flatten(data: Any, prefix: str) -> dict[str, Any]:
@@ -140,7 +140,7 @@ def output_dir_problems(cfg: RecipeConfig) -> list[str]:
 
 def claim_output_dir(cfg: RecipeConfig) -> Optional[Path]:
     """On rank 0, before anything is written: move an old run aside when ``run.overwrite`` asks for it, then write
-    this run's identity (a resumed run keeps the identity it started with). Returns where an old run went."""
+    this run's identity. Returns where an old run went."""
     out = Path(cfg.run.output_dir)
     moved = None
     if cfg.run.overwrite and holds_a_run(out):
@@ -148,7 +148,8 @@ def claim_output_dir(cfg: RecipeConfig) -> Optional[Path]:
         shutil.move(str(out), str(moved))
     out.mkdir(parents=True, exist_ok=True)
     identity = out / IDENTITY_FILE
-    if not identity.is_file():
+    # A resumed run keeps the identity it started with; a fresh one replaces an identity left by a failed start.
+    if cfg.train.resume == "none" or not identity.is_file():
         tmp = identity.with_name(identity.name + ".tmp")
         tmp.write_text(json.dumps(identity_record(cfg), indent=2) + "\n")
         tmp.replace(identity)

@@ -21,13 +21,13 @@ from deepspec_train.jobs.assembly import (
     load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
 )
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.console import get_logger
+from deepspec_train.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.models.factory import build_drafter_from_files
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.streamed_source import StreamedFeatureSource
 from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop
-from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort
+from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort, is_peer_error
 from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
@@ -41,6 +41,8 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
     """Run this rank's role; returns the summary on drafter workers (None on target workers)."""
     topology = Topology.from_world(world.world_size, cfg.topology.target_workers)
     ctx = role_context(world, topology.num_targets)
+    # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
+    speak_for_role(ctx.is_main)
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
     try:
@@ -51,6 +53,11 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
             summary = run_drafter_role(cfg, ctx, topology, out_dir)
     except PeerFailure as exc:
         abort(f"{me}: {exc}")
+    except RuntimeError as exc:
+        # A collective (the drafters' gradient all-reduce, a barrier) that failed because a peer went away.
+        if not is_peer_error(str(exc)):
+            raise
+        abort(f"{me}: {monitor.explain(exc)}")
     monitor.finish()
     return summary
 

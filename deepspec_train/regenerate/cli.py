@@ -11,20 +11,21 @@ Examples::
 
 Sampling parameters come from the recipe's ``regenerate`` section (DeepSpec's defaults without one); flags
 override single fields. Re-running the same command resumes. The exit status is 0 when every row is done,
-1 when some failed (run again to retry them), 2 on a usage error.
+1 when some failed (run again to retry them), 2 on a usage error (one line, before any request: the input is
+the output, an endpoint is not an http(s) URL, a missing option).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
+from deepspec_train.errors import UserError, exit_on_user_error
 from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
 from deepspec_train.regenerate.backend import ChatBackend
-from deepspec_train.regenerate.runner import MULTI_TURN_MODES, regenerate_file
+from deepspec_train.regenerate.runner import MULTI_TURN_MODES, check_output_is_not_input, regenerate_file
 from deepspec_train.regenerate.sampling import SamplingParams
 
 
@@ -90,6 +91,8 @@ def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: 
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before the backend: a local one loads the model first, and nothing should wait on a command that cannot run.
+    check_output_is_not_input(args.input, args.output)
     try:
         cfg, target_path = _recipe_settings(args)
         sampling = SamplingParams.from_recipe(cfg).with_overrides(
@@ -100,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
             enable_thinking=args.enable_thinking,
         )
         backend = build_backend(args, cfg, target_path)
-    except (ConfigError, ValueError) as exc:
-        print(f"deepspec regenerate: {exc}", file=sys.stderr)
-        return 2
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
     summary = regenerate_file(
         args.input,
         args.output,
@@ -119,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deepspec regenerate", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return exit_on_user_error(lambda: run(args))
 
 
 if __name__ == "__main__":

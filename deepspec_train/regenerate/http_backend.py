@@ -1,9 +1,11 @@
 """Answer conversations through OpenAI-compatible chat-completions servers (vLLM, SGLang, ``openai_server``).
 
 Requests go round-robin over one or more endpoints with up to ``concurrency`` in flight. Connection errors,
-timeouts, HTTP 429 and 5xx are retried with exponential backoff (honouring ``Retry-After``), each retry on the
-next endpoint so a dead server does not hold a row back; other HTTP errors (a 400 for a prompt longer than the
-context, say) fail the row at once. Only the standard library is used.
+timeouts, HTTP 429 and 5xx, and a 200 whose body is not a chat completion (cut off, not JSON, no choices) are
+retried with exponential backoff (honouring ``Retry-After``), each retry on the next endpoint so a dead server
+does not hold a row back; other HTTP errors (a 400 for a prompt longer than the context, say) fail the row at
+once. Endpoint URLs are checked when the backend is made (scheme http or https, a host, a valid port), so a
+mistyped one fails at once instead of after its retries. Only the standard library is used.
 """
 
 from __future__ import annotations
@@ -21,11 +23,29 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from deepspec_train.errors import UserError
 from deepspec_train.regenerate.backend import GenerationError, Message
 from deepspec_train.regenerate.sampling import SamplingParams
 
 CHAT_PATH = "/v1/chat/completions"
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+def check_endpoint(endpoint: str) -> None:
+    """Raise ``UserError`` unless ``endpoint`` is an ``http(s)://host[:port][/path]`` URL."""
+    parts = urllib.parse.urlsplit(endpoint)
+    problem = None
+    if parts.scheme not in ("http", "https"):
+        problem = "needs the scheme http:// or https://"
+    elif not parts.hostname:
+        problem = "names no host"
+    else:
+        try:
+            parts.port
+        except ValueError as exc:
+            problem = f"has an invalid port ({exc})"
+    if problem:
+        raise UserError(f"endpoint {endpoint!r} {problem}; expected e.g. http://localhost:8000")
 
 
 def chat_completions_url(endpoint: str) -> str:
@@ -63,6 +83,8 @@ class OpenAIChatBackend:
             raise ValueError("at least one endpoint is needed")
         if concurrency < 1 or retries < 0:
             raise ValueError(f"need concurrency >= 1 and retries >= 0, got {concurrency} and {retries}")
+        for endpoint in endpoints:
+            check_endpoint(endpoint)
         self.urls = [chat_completions_url(e) for e in endpoints]
         self.model = model
         self.max_in_flight = concurrency
@@ -124,6 +146,10 @@ class OpenAIChatBackend:
                 kind = "timeout" if isinstance(reason, TimeoutError) else "connection error"
                 error = GenerationError(kind, str(reason))
                 retry_after = None
+            except GenerationError as exc:
+                # A 200 whose body is no chat completion: a server fault (cut-off response, a proxy's page), retried
+                # like a 5xx.
+                error, retry_after = exc, None
             if attempt < self.retries:
                 time.sleep(self._backoff(attempt, retry_after))
         raise error

@@ -8,7 +8,8 @@ turn gets an answer appended.
 
 Output is OpenAI-form JSON lines (``id``, ``category`` when the input has one, ``messages``). Each finished
 row is appended and fsynced, so a crash loses only the rows in flight; a re-run reads the output, drops a
-half-written last line, and skips ids already there. Rows whose generation failed are not written, so the
+half-written last line, and skips ids already there. The output may not be the input file (after resolving
+links) nor lie inside an input directory: both are refused before anything is read. Rows whose generation failed are not written, so the
 next run retries them. Row order in the output is completion order for a non-batched backend.
 """
 
@@ -21,11 +22,13 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from deepspec_train.data.conversations import SHAREGPT_ROLES, BadRow, iter_records, normalize_conversation
+from deepspec_train.errors import UserError
 from deepspec_train.regenerate.backend import ChatBackend, GenerationError, Message
 from deepspec_train.regenerate.sampling import SamplingParams
 
@@ -128,6 +131,20 @@ def regenerate_rows(
                 conversations[i][slot]["content"] = answer
 
 
+def check_output_is_not_input(input_path: str, output_path: str) -> None:
+    """Raise ``UserError`` when writing ``output_path`` would overwrite or feed back into ``input_path``."""
+    source = Path(os.path.expanduser(input_path)).resolve()
+    output = Path(os.path.expanduser(output_path)).resolve()
+    same = source == output or (source.is_file() and output.is_file() and os.path.samefile(source, output))
+    if same:
+        raise UserError(f"--output {output_path} is the input file {input_path}; write the answers to another file")
+    if source.is_dir() and output.is_relative_to(source):
+        raise UserError(
+            f"--output {output_path} lies inside the input directory {input_path}, so a re-run would read it back "
+            "as input; write it elsewhere"
+        )
+
+
 def read_finished_ids(output_path: str) -> set[str]:
     """Ids of the rows already in ``output_path``. A last line without its newline is the row a crash was
     writing: it is cut off the file so the next append starts on a clean line."""
@@ -145,7 +162,7 @@ def read_finished_ids(output_path: str) -> set[str]:
             try:
                 finished.add(str(json.loads(line)["id"]))
             except (ValueError, KeyError, TypeError):
-                raise ValueError(
+                raise UserError(
                     f"{output_path}:{line_number} is not a regenerated row; fix or remove it before resuming"
                 ) from None
     if complete_bytes < os.path.getsize(output_path):
@@ -247,6 +264,7 @@ def regenerate_file(
     """Regenerate the assistant turns of ``input_path`` into ``output_path`` (see the module docstring)."""
     if multi_turn not in MULTI_TURN_MODES:
         raise ValueError(f"multi_turn must be one of {MULTI_TURN_MODES}, got {multi_turn!r}")
+    check_output_is_not_input(input_path, output_path)
     os.makedirs(os.path.dirname(os.path.abspath(output_path)), exist_ok=True)
     finished = read_finished_ids(output_path)
     summary = RegenerateSummary()

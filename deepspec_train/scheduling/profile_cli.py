@@ -16,8 +16,9 @@ target will serve on: the tables are only meaningful there.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from deepspec_train.errors import UserError
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -94,8 +95,7 @@ def run(args: argparse.Namespace) -> int:
         if args.context_len < 0 or args.repeats < 1 or args.warmup < 0 or args.tokens_per_request < 1:
             raise ValueError("need --context-len >= 0, --repeats >= 1, --warmup >= 0, --tokens-per-request >= 1")
     except ValueError as exc:
-        print(f"deepspec profile-sps: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from exc
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+from deepspec_train.errors import UserError
 from deepspec_train.scheduling.profile_cli import parse_int_list
 
 
@@ -75,12 +75,10 @@ def run(args: argparse.Namespace) -> int:
             sources.append("oracle")
         workloads = {s: build_workload(requests, s, temperatures) for s in sources}
     except (OSError, ValueError, KeyError) as exc:
-        print(f"deepspec simulate: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from exc
     rounds = [r for request in requests for r in request.rounds]
     if not rounds:
-        print("deepspec simulate: the traces hold no rounds", file=sys.stderr)
-        return 2
+        raise UserError("the traces hold no rounds")
     block = max(r.drafted for r in rounds)
     gammas = args.gammas or list(range(1, block + 1))
     usable = [s for s, w in workloads.items() if all(r.confidences is not None for req in w for r in req)]

@@ -2,14 +2,18 @@
 
 Two mechanisms, both bounded by ``stream.timeout_s``:
 
-- Every point-to-point transfer waits with a deadline (``wait_for``); a closed connection or a missed deadline
-  becomes a ``PeerFailure`` that names the peer's role and rank.
+- Every point-to-point transfer waits with a deadline (``wait_for``); a missed deadline becomes a ``PeerFailure``
+  that reports a timeout (the peer is stopped or hung), a closed connection one that reports a death, both
+  naming the peer's role and rank.
 - A ``PeerMonitor`` thread beats a per-rank counter in the rendezvous store and watches everybody else's. A rank
-  whose counter stops moving for ``timeout_s`` without having signed off as finished is reported dead. This
-  catches the failures point-to-point deadlines cannot name, e.g. a drafter dying while the other drafters sit
-  in a gradient all-reduce.
+  whose counter stops moving for ``timeout_s`` without having signed off as finished is reported as timed out
+  (the store cannot tell a stopped process from a dead one), or as stopped / dead when it runs on this host and
+  its process state says so (``peer_processes``).
+- A collective that fails because a peer went away (a drafter dying while the others sit in a gradient
+  all-reduce) names no rank; ``PeerMonitor.explain`` finds the peer whose process is gone on this host, or says
+  that the error did not name one.
 
-On failure the process prints one line naming the dead peer and leaves with ``os._exit``: tearing down process
+On failure the process prints one line naming the failed peer and leaves with ``os._exit``: tearing down process
 groups that still hold a connection to a dead peer can itself block, and a hung survivor is the one outcome
 that must never happen.
 """
@@ -24,6 +28,8 @@ import time
 from typing import Callable, Optional
 
 import torch.distributed as dist
+
+from deepspec_train.streaming import peer_processes
 
 FAILURE_EXIT_CODE = 3
 _HEARTBEAT_PREFIX = "deepspec/heartbeat/"
@@ -42,15 +48,36 @@ def abort(message: str) -> None:
     os._exit(FAILURE_EXIT_CODE)
 
 
+def is_timeout(error_text: str) -> bool:
+    """Whether a backend error reports a missed deadline: gloo writes "Timed out waiting 20000ms for recv
+    operation to complete", c10d and NCCL "timeout" / "Timeout"; a dead peer reads "Connection closed by peer"."""
+    lowered = error_text.lower()
+    return "timed out" in lowered or "timeout" in lowered
+
+
+def is_peer_error(error_text: str) -> bool:
+    """Whether a backend error comes from a peer that went away or went silent, not from this rank's own code."""
+    lowered = error_text.lower()
+    return is_timeout(error_text) or "by peer" in lowered or "broken pipe" in lowered
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def wait_for(work: dist.Work, timeout_s: float, peer: str, action: str) -> None:
     """Wait for a point-to-point ``work`` for at most ``timeout_s``; a failure names ``peer`` (e.g. its role)."""
     try:
         work.wait(datetime.timedelta(seconds=timeout_s))
     except RuntimeError as exc:
-        text = str(exc)
-        if "imeout" in text or "timed out" in text:
-            raise PeerFailure(f"{peer} did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)") from exc
-        raise PeerFailure(f"{peer} died or closed its connection while this rank waited for it to {action}: {text.splitlines()[0]}") from exc
+        if is_timeout(str(exc)):
+            raise PeerFailure(
+                f"{peer} timed out: it did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)"
+            ) from exc
+        raise PeerFailure(
+            f"{peer} died or closed its connection while this rank waited for it to {action}: {first_line(exc)}"
+        ) from exc
 
 
 class PeerMonitor:
@@ -65,8 +92,19 @@ class PeerMonitor:
         self._store = dist.distributed_c10d._get_default_store()
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        # Peer rank -> (hostname, pid), copied from the store as peers publish them.
+        self.identities: dict[int, tuple[str, int]] = {}
 
     def start(self) -> "PeerMonitor":
+        peer_processes.publish(self._store, self.rank)
+        # Every rank starts its monitor right after the same collective, so the peers' entries arrive together;
+        # having them all before the first step means a failure in that step can already be explained.
+        peers = [peer_processes.key(rank) for rank in range(self.world_size) if rank != self.rank]
+        try:
+            self._store.wait(peers, datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError:
+            pass  # a peer that never comes up is caught by the point-to-point deadlines
+        self._copy_identities()
         self._thread = threading.Thread(target=self._run, name="deepspec-peer-monitor", daemon=True)
         self._thread.start()
         return self
@@ -79,6 +117,49 @@ class PeerMonitor:
         except RuntimeError:
             pass  # the store host already left after finishing; there is nobody left to tell
 
+    def explain(self, error: RuntimeError) -> str:
+        """One line about a collective that failed with ``error``: the peers on this host whose process is
+        stopped (the likely cause: a peer that timed out on it may have exited first) and those that are gone;
+        with none, what the error says."""
+        self._copy_identities()
+        gone = peer_processes.find_gone(self.identities)
+        stopped = [r for r, identity in sorted(self.identities.items())
+                   if peer_processes.process_state(identity) == "stopped"]
+        parts = []
+        if stopped:
+            parts.append(f"{self._names(stopped)} timed out: its process is stopped")
+        if gone:
+            parts.append(f"{self._names(gone)} died during a collective with this rank ({first_line(error)})")
+        if parts:
+            return "; ".join(parts) + "; exiting"
+        kind = "timed out" if is_timeout(str(error)) else "closed its connection"
+        return (
+            f"a peer {kind} during a collective with this rank and none on this host is stopped or gone (it runs "
+            f"on another node: the other ranks' logs name it): {first_line(error)}; exiting"
+        )
+
+    def _names(self, ranks: list[int]) -> str:
+        return ", ".join(self.describe(rank) for rank in ranks)
+
+    def _copy_identities(self) -> None:
+        for peer in range(self.world_size):
+            if peer != self.rank and peer not in self.identities:
+                try:
+                    identity = peer_processes.lookup(self._store, peer)
+                except RuntimeError:
+                    return  # the store host is gone: keep what was copied so far
+                if identity is not None:
+                    self.identities[peer] = identity
+
+    def _silence_message(self, peer: int) -> str:
+        silent = f"no heartbeat for stream.timeout_s={self.timeout_s:g} s"
+        state = peer_processes.process_state(self.identities.get(peer))
+        if state == "gone":
+            return f"{self.describe(peer)} died: its process is gone ({silent}); exiting"
+        if state == "stopped":
+            return f"{self.describe(peer)} timed out: its process is stopped ({silent}); exiting"
+        return f"{self.describe(peer)} timed out: {silent} (stopped, hung or dead); exiting"
+
     def _run(self) -> None:
         beats = 0
         last_value: dict[int, bytes] = {}
@@ -88,6 +169,7 @@ class PeerMonitor:
             beats += 1
             try:
                 self._store.set(f"{_HEARTBEAT_PREFIX}{self.rank}", str(beats))
+                self._copy_identities()
                 now = time.monotonic()
                 for peer in peers:
                     if self._store.check([f"{_DONE_PREFIX}{peer}"]):
@@ -98,11 +180,14 @@ class PeerMonitor:
                     if value != last_value.get(peer):
                         last_value[peer], last_change[peer] = value, now
                     elif now - last_change[peer] > self.timeout_s:
-                        abort(f"{self.describe(peer)} stopped responding for {self.timeout_s:g} s (dead or hung); exiting")
+                        abort(self._silence_message(peer))
             except RuntimeError as exc:
                 if self._stop.is_set():
                     return
+                host = self.describe(0)
+                if peer_processes.process_state(self.identities.get(0)) == "gone":
+                    host += ", whose process has exited: its log says why"
                 abort(
-                    f"lost the rendezvous store (hosted by {self.describe(0)} unless the launcher hosts it): "
-                    f"{str(exc).splitlines()[0]}; exiting"
+                    f"lost the rendezvous store (hosted by {host} unless the launcher hosts it): {first_line(exc)}; "
+                    "exiting"
                 )

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from deepspec_train.errors import UserError
+
 # The config.json fields that define what a drafter for this target computes (not paths, versions or dtypes).
 ARCHITECTURE_FIELDS = (
     "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -25,7 +27,7 @@ ARCHITECTURE_FIELDS = (
 )
 
 
-class TargetMismatch(ValueError):
+class TargetMismatch(UserError, ValueError):
     """A drafter paired with a target other than the one it was trained for (one-line message)."""
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from deepspec_train.errors import UserError, exit_on_user_error
 from deepspec_train.tinyworld.presets import PRESETS
 
 
@@ -40,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
             args.out, get_preset(args.preset), seed=args.seed, progress=not args.no_progress, overwrite=args.force
         )
     except FileExistsError as exc:
-        print(f"deepspec tinyworld build: {exc}", file=sys.stderr)
-        return 2
+        raise UserError(str(exc)) from exc
     training = report["training"]
     print(format_loss_table(report["heldout_loss"], report["unigram_entropy"]))
     print(
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="deepspec tinyworld", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return exit_on_user_error(lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,15 @@
 Layout of ``<output_dir>/checkpoints/step_XXXXXXXX/``: ``drafter.safetensors`` (trainable weights only, fp32;
 the frozen embedding / LM head come back from the target), ``optimizer.pt`` (a ``torch.optim.AdamW`` state dict
 over the trainable parameters in ``named_parameters`` order) and ``rng_rank{r}.pt`` (tensors only, read back with
-``weights_only=True``), ``trainer_state.json`` (step, scheduler, data position). A checkpoint is written to a
-temporary directory and renamed into place, so a crash never leaves a half-written one under the final name.
+``weights_only=True``), ``trainer_state.json`` (step, scheduler, data position) and ``manifest.json`` (size and
+SHA-256 of every other file, see ``checkpoint_manifest``). A checkpoint is written to a temporary directory and
+renamed into place, manifest included, so a crash never leaves a half-written one under the final name.
+
+Resuming verifies before it loads. ``train.resume=auto`` takes the newest checkpoint that passes and logs a
+warning for each newer one it skipped, naming the file and what is wrong with it; when none passes it fails
+with one line listing them. ``train.resume=PATH`` that does not pass fails with one line naming the file. A
+checkpoint without a manifest (written before manifests existed) is accepted with a warning that it was not
+verified.
 
 The weights and optimizer state come from a ``TrainState``: ``LocalTrainState`` for the DDP path (every rank
 holds everything) or the DeepSpeed engine's, which gathers ZeRO's partitions into the same full layout. Both
@@ -14,18 +21,27 @@ write identical files, so a run may resume under the other engine.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol, TypeVar
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from deepspec_train.console import get_logger
+from deepspec_train.errors import UserError
 from deepspec_train.formats.trained_drafter import trainable_state
+from deepspec_train.training.checkpoint_manifest import checkpoint_problem, has_manifest, write_manifest
 from deepspec_train.training.distributed import DistContext, barrier
 
 PREFIX = "step_"
+log = get_logger("deepspec_train.checkpoint")
+T = TypeVar("T")
+# What reading back a damaged safetensors, torch.save or JSON file raises.
+_READ_ERRORS = (OSError, ValueError, RuntimeError, EOFError, KeyError, pickle.UnpicklingError, SafetensorError)
 
 
 class TrainState(Protocol):
@@ -66,23 +82,50 @@ def checkpoint_dir(output_dir: str | Path) -> Path:
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
+    """Every ``step_*`` directory, oldest first (step numbers are zero-padded), whether it verifies or not."""
     root = checkpoint_dir(output_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "trainer_state.json").is_file())
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
 
 
 def resolve_resume(resume: str, output_dir: str | Path) -> Optional[Path]:
-    """``none`` -> None; ``auto`` -> the latest checkpoint if any; otherwise a checkpoint path that must exist."""
+    """``none`` -> None; ``auto`` -> the newest checkpoint that verifies (None when there is none at all);
+    otherwise a checkpoint path that must verify. See the module docstring for what is logged and raised."""
     if resume == "none":
         return None
     if resume == "auto":
-        found = list_checkpoints(output_dir)
-        return found[-1] if found else None
+        return _newest_valid_checkpoint(output_dir)
     path = Path(resume)
-    if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"train.resume={resume}: no checkpoint there (expected trainer_state.json)")
+    if not path.is_dir():
+        raise UserError(f"train.resume={resume}: no such checkpoint directory (or use auto or none)")
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise UserError(f"train.resume={resume}: cannot resume from this checkpoint: {problem}")
+    _warn_if_unverified(path)
     return path
+
+
+def _newest_valid_checkpoint(output_dir: str | Path) -> Optional[Path]:
+    skipped = []
+    for candidate in reversed(list_checkpoints(output_dir)):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            _warn_if_unverified(candidate)
+            return candidate
+        log.warning("train.resume=auto: skipping checkpoint %s: %s", candidate.name, problem)
+        skipped.append(f"{candidate.name}: {problem}")
+    if skipped:
+        raise UserError(
+            f"train.resume=auto: no valid checkpoint in {checkpoint_dir(output_dir)} ({'; '.join(skipped)}); "
+            "move them aside to start over"
+        )
+    return None
+
+
+def _warn_if_unverified(path: Path) -> None:
+    if not has_manifest(path):
+        log.warning("checkpoint %s has no manifest (written by an older version): resuming without verifying it", path)
 
 
 def save_checkpoint(
@@ -112,6 +155,8 @@ def save_checkpoint(
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=_json_default))
     barrier(ctx)
     if ctx.is_main:
+        # After the barrier: every rank's RNG file is in place, so the manifest covers the whole checkpoint.
+        write_manifest(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
@@ -124,10 +169,13 @@ def save_checkpoint(
 def load_run_state(ctx: DistContext, path: Path) -> dict:
     """The trainer state (step, scheduler, data position) and this rank's RNG, restored without any collective,
     so a streamed drafter can position its data before the drafter ranks first synchronise."""
-    state = json.loads((path / "trainer_state.json").read_text())
+    state = _read(path / "trainer_state.json", lambda file: json.loads(file.read_text()))
     if state["world_size"] != ctx.world_size:
-        raise ValueError(f"{path} was written by {state['world_size']} ranks; this run has {ctx.world_size}")
-    rng = torch.load(path / f"rng_rank{ctx.rank}.pt", weights_only=True)
+        raise UserError(
+            f"{path} was written by {state['world_size']} drafter ranks; this run has {ctx.world_size}: resume with "
+            f"the same number of drafter ranks"
+        )
+    rng = _read(path / f"rng_rank{ctx.rank}.pt", lambda file: torch.load(file, weights_only=True))
     torch.set_rng_state(rng["cpu"])
     if "cuda" in rng and torch.cuda.is_available():
         torch.cuda.set_rng_state(rng["cuda"])
@@ -143,13 +191,27 @@ def load_checkpoint(
     run_state: dict,
 ) -> None:
     """Restore weights, optimizer and scheduler (``run_state`` from ``load_run_state`` of the same checkpoint)."""
-    weights = load_file(str(path / "drafter.safetensors"), device=str(ctx.device))
+    weights = _read(path / "drafter.safetensors", lambda file: load_file(str(file), device=str(ctx.device)))
     missing = set(trainable_state(model)) - set(weights)
     if missing:
-        raise KeyError(f"{path}: checkpoint lacks trainable weights {sorted(missing)[:5]}")
+        raise UserError(
+            f"{path / 'drafter.safetensors'} lacks trainable weights {sorted(missing)[:5]}: it was written for "
+            "another drafter configuration"
+        )
     train_state.load_trainable_weights(weights)
-    train_state.load_optimizer_state(torch.load(path / "optimizer.pt", map_location=ctx.device, weights_only=True))
+    optimizer = _read(path / "optimizer.pt", lambda file: torch.load(file, map_location=ctx.device, weights_only=True))
+    train_state.load_optimizer_state(optimizer)
     scheduler.load_state_dict(run_state["scheduler"])
+
+
+def _read(file: Path, reader: Callable[[Path], T]) -> T:
+    """``reader(file)``; a file that cannot be read back (corrupt in a checkpoint without a manifest, or changed
+    since it was verified) is a one-line ``UserError`` naming it."""
+    try:
+        return reader(file)
+    except _READ_ERRORS as error:
+        first_line = str(error).splitlines()[0] if str(error) else ""
+        raise UserError(f"checkpoint file {file} cannot be read: {type(error).__name__}: {first_line}") from error
 
 
 def _cuda_rng() -> dict:

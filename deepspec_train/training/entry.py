@@ -3,15 +3,17 @@
 The recipe is validated before anything heavy is imported or loaded (its types, the rules of ``config.rules``,
 the target's config.json, the launch's process count and whether ``run.output_dir`` may take this run), so a bad
 value fails in well under a second with a one-line message, before any data is tokenised or any weight is read.
+Bad input found later (a data file, a checkpoint to resume) is reported the same way: ``error: <one line>`` on
+stderr and exit status 2 (``deepspec_train.errors``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from deepspec_train.config.loader import ConfigError, load_recipe
 from deepspec_train.config.rules import launch_problems
+from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.run_directory import output_dir_problems
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
@@ -35,16 +37,16 @@ def parse_command_line(argv: list[str]) -> tuple[str, list[str]]:
 
 
 def main(argv: list[str]) -> int:
-    try:
-        recipe, overrides = parse_command_line(argv)
-        cfg = load_recipe(recipe, overrides)
-        # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
-        problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
-        if problems:
-            raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    return exit_on_user_error(lambda: _train_from_command_line(argv))
+
+
+def _train_from_command_line(argv: list[str]) -> int:
+    recipe, overrides = parse_command_line(argv)
+    cfg = load_recipe(recipe, overrides)
+    # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
+    problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
+    if problems:
+        raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
     from deepspec_train.jobs.run import run_training
 
     run_training(cfg)
