@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 
 from deepspec_train.config.loader import ConfigError, load_recipe
-from deepspec_train.jobs.run_directory import IDENTITY_FILE, claim_output_dir, identity_fields, output_dir_problems
+from deepspec_train.jobs.run_directory import (
+    IDENTITY_FILE, claim_output_dir, identity_fields, output_dir_problems, set_aside_metrics_after,
+)
 from tests.test_recipe_rules import world_overrides
 from tests.test_train_tinyworld import REPO, overrides
 
@@ -106,3 +108,13 @@ def test_a_second_fresh_run_is_refused_and_the_first_kept(tiny_world, tmp_path) 
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
     identity = json.loads((tmp_path / "run" / IDENTITY_FILE).read_text())
     assert identity["fields"]["drafter.num_layers"] == 2 and identity["identity"]
+
+
+def test_a_resume_sets_aside_the_records_it_will_log_again(tmp_path) -> None:
+    lines = [{"step": s, "train/loss": float(s)} for s in (1, 2, 3, 4)] + [{"step": 4, "table": "t", "rows": []}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert set_aside_metrics_after(tmp_path, 2) == 3
+    kept = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    moved = [json.loads(line) for line in (tmp_path / "metrics.superseded.jsonl").read_text().splitlines()]
+    assert kept == lines[:2] and moved == lines[2:]
+    assert set_aside_metrics_after(tmp_path, 2) == 0

@@ -31,6 +31,8 @@ from deepspec_train.metrics.sinks import make_sink
 from deepspec_train.target.fingerprint import target_fingerprint
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_tokenizer
+from deepspec_train.jobs.run_directory import set_aside_metrics_after
+from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
 from deepspec_train.training.feature_source import FeatureSource, InProcessFeatureSource, PackingSpec, ValidationShare
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
@@ -117,13 +119,21 @@ def train_and_finish(
     out_dir: Path,
 ) -> TrainSummary:
     """Train ``drafter`` on ``source`` (``validation``: a callable giving this rank's validation batches, or None),
-    then write the trained drafter and the summary (main rank) and close the metrics sink."""
+    then write the trained drafter and the summary (main rank) and close the metrics sink.
+
+    A resumed run continues from the checkpoint ``train.resume`` resolves to; the records it is about to log again
+    (steps after that checkpoint, e.g. after a fall-back past a damaged newest one) are moved out of
+    ``metrics.jsonl`` first, so the log holds each step once."""
+    resume_from = resolve_resume(cfg.train.resume, cfg.run.output_dir)
+    if resume_from is not None and ctx.is_main:
+        set_aside_metrics_after(out_dir, checkpoint_step(resume_from))
     sink = make_sink(out_dir, cfg.logging, cfg.run.name, config_to_dict(cfg), ctx.is_main)
     if ctx.is_main:
         n_train = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
         log.info("drafter %s: %.2fM trainable parameters; %d steps", cfg.drafter.kind, n_train / 1e6, total_steps)
     trainer = DrafterTrainer(
-        cfg, drafter, target_head_weight, source, validation, sink, ctx, total_steps, resolve_attention(ctx)
+        cfg, drafter, target_head_weight, source, validation, sink, ctx, total_steps, resolve_attention(ctx),
+        resume_from,
     )
     summary = trainer.fit()
     if ctx.is_main:

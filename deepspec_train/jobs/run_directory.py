@@ -17,7 +17,9 @@ read-only, so all ranks reach the same verdict):
 - ``train.resume=auto`` into a directory whose run left no checkpoint is refused as well: there is nothing to
   continue, and starting over would append to that run's metrics.
 
-Rank 0 then claims the directory (``claim_output_dir``) before any rank writes into it.
+Rank 0 then claims the directory (``claim_output_dir``) before any rank writes into it. A resumed run redoes the
+steps after its checkpoint; their earlier records are moved from ``metrics.jsonl`` to ``metrics.superseded.jsonl``
+(``set_aside_metrics_after``), so the log holds each step once and nothing is lost.
 """
 
 from __future__ import annotations
@@ -154,3 +156,24 @@ def claim_output_dir(cfg: RecipeConfig) -> Optional[Path]:
         tmp.write_text(json.dumps(identity_record(cfg), indent=2) + "\n")
         tmp.replace(identity)
     return moved
+
+
+def set_aside_metrics_after(out_dir: str | Path, step: int) -> int:
+    """Move the records of steps after ``step`` from ``metrics.jsonl`` to ``metrics.superseded.jsonl`` (appended);
+    returns how many moved."""
+    path = Path(out_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    kept, superseded = [], []
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+        if not line.strip():
+            continue
+        record_step = json.loads(line).get("step")
+        (superseded if isinstance(record_step, int) and record_step > step else kept).append(line)
+    if superseded:
+        with open(path.with_name("metrics.superseded.jsonl"), "a", encoding="utf-8") as handle:
+            handle.writelines(superseded)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(path)
+    return len(superseded)

@@ -166,6 +166,11 @@ def save_checkpoint(
     return final
 
 
+def checkpoint_step(path: Path) -> int:
+    """The optimizer step a (verified) checkpoint was written after."""
+    return int(_read(path / "trainer_state.json", lambda file: json.loads(file.read_text()))["step"])
+
+
 def load_run_state(ctx: DistContext, path: Path) -> dict:
     """The trainer state (step, scheduler, data position) and this rank's RNG, restored without any collective,
     so a streamed drafter can position its data before the drafter ranks first synchronise."""

@@ -29,7 +29,7 @@ from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.training.batch_loss import batch_loss
-from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, resolve_resume, save_checkpoint
+from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, save_checkpoint
 from deepspec_train.training.distributed import DistContext, all_reduce_sum
 from deepspec_train.training.feature_source import FeatureSource
 from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
@@ -67,6 +67,7 @@ class DrafterTrainer:
         ctx: DistContext,
         total_steps: int,
         attention: str,
+        resume_from: Optional[Path] = None,
     ):
         self.cfg = cfg
         self.model = model
@@ -77,6 +78,8 @@ class DrafterTrainer:
         self.ctx = ctx
         self.total_steps = total_steps
         self.attention = attention
+        # The verified checkpoint to continue from (``checkpoint.resolve_resume``), None for a fresh run.
+        self.resume_from = resume_from
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = drafter_optimizer(self.params, cfg)
         self.scheduler = warmup_cosine(self.optimizer, total_steps, cfg.train.warmup_frac)
@@ -98,7 +101,7 @@ class DrafterTrainer:
 
     def _resume_position(self) -> Optional[tuple[Path, dict]]:
         """Step, data position and RNG of the checkpoint to resume from (no collectives); None for a fresh run."""
-        path = resolve_resume(self.cfg.train.resume, self.cfg.run.output_dir)
+        path = self.resume_from
         if path is None:
             return None
         state = load_run_state(self.ctx, path)
