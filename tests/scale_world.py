@@ -31,6 +31,8 @@ SYSTEM_PROMPTS = ("You are a helpful assistant.", "Answer in one short paragraph
 # step's V x r Markov logits (151,936 x 256) take about a second on 2 cores.
 MAX_LENGTH = 96
 GLOBAL_BATCH = 2
+TRAIN_CONVERSATIONS = 6
+VALIDATION_CONVERSATIONS = 2
 
 SCALE_TIER: dict[str, str] = {
     f"qwen3-{size}{variant}": target
@@ -66,8 +68,8 @@ def write_conversations(path: Path, count: int, seed: int) -> list[list[dict[str
 def build_scale_world(root: Path, target_name: str, seed: int = 0) -> dict[str, str]:
     """Target directory, train / validation JSONL and a shard cache directory under ``root``."""
     root.mkdir(parents=True, exist_ok=True)
-    train = write_conversations(root / "train.jsonl", 6, seed=1)
-    validation = write_conversations(root / "validation.jsonl", 2, seed=2)
+    train = write_conversations(root / "train.jsonl", TRAIN_CONVERSATIONS, seed=1)
+    validation = write_conversations(root / "validation.jsonl", VALIDATION_CONVERSATIONS, seed=2)
     texts = [m["content"] for c in train + validation for m in c] + ["system", "user", "assistant"]
     target = save_scale_target(target_name, root / "target", seed=seed)
     build_qwen3_tokenizer(target, texts)

@@ -50,6 +50,7 @@ from deepspec_train.cli import main as deepspec
 from deepspec_train.config.loader import config_to_dict, load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import ENGINES, check_export_dir
+from deepspec_train.export.layouts import layout_of_config
 from deepspec_train.export.loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter
@@ -62,7 +63,9 @@ from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from tests.drafter_fixtures import drafter_outputs
 from tests.qwen3_tokenizer import QWEN3_TOKEN_IDS
-from tests.scale_world import SCALE_TIER, build_scale_world, scale_overrides
+from tests.scale_world import (
+    SCALE_TIER, TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, build_scale_world, scale_overrides,
+)
 from tests.streaming_helpers import free_port, read_logs, start_ranks, step_losses, wait_all
 
 # One intra-op thread here, as in the streamed ranks: the colocated and streamed runs then reduce in the same order
@@ -207,7 +210,10 @@ def test_scale_target_keeps_the_published_architecture(scale_worlds: dict, name:
 def _validation_batch(cfg):
     """A validation micro-batch of real target features, as the trainer's validation builds it."""
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
-    rows = load_token_datasets(cfg, ctx)["validation"]
+    datasets = load_token_datasets(cfg, ctx)
+    # The data path kept every conversation (none refused by the template or cut by data.max_length).
+    assert (len(datasets["train"]), len(datasets["validation"])) == (TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS)
+    rows = datasets["validation"]
     tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
     return validation_share(cfg, rows, tap, 0, 1, ctx.device).batches()[0]
 
@@ -248,11 +254,20 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
             assert reading.captured_layers == cfg.target.layer_ids == real_shapes[engine].captured_layers
             taps = " ".join(map(str, reading.captured_layers))
             assert f"{engine}: captures the outputs of target decoder layers {taps}" in printed
-    with capsys.disabled():
-        cells = ["not served" if readings[e].unserved else " ".join(map(str, readings[e].captured_layers))
-                 for e in ENGINES]
-        print(f"\n| {recipe} | {json.loads((export_dir / 'config.json').read_text())['architectures'][0]} | "
-              + " | ".join(cells) + " |")
+    _check_export_fields(json.loads((export_dir / "config.json").read_text()), cfg)
+
+
+def _check_export_fields(config: dict, cfg: RecipeConfig) -> None:
+    """The production settings an engine reads from the export's config.json."""
+    layout = layout_of_config(config)
+    target_layers = scale_target_config(SCALE_TIER[cfg.run.name]).num_hidden_layers
+    assert (config["vocab_size"], config["num_target_layers"]) == (151936, target_layers)
+    if layout == "dspark":
+        assert (config["block_size"], config["markov_rank"], config["mask_token_id"]) == (
+            cfg.drafter.block_size, cfg.drafter.markov_rank, 151669)
+        assert config["enable_confidence_head"] == cfg.drafter.confidence_head
+    else:
+        assert layout == "eagle3" and config["draft_vocab_size"] == cfg.drafter.draft_vocab_size == 32000
 
 
 @pytest.mark.parametrize("recipe", list(SCALE_TIER))
@@ -261,6 +276,8 @@ def test_streamed_run_matches_colocated(recipe: str, colocated_runs, streamed_la
     streamed = streamed_launch.output_dir(recipe)
     assert step_losses(streamed) == step_losses(colocated)
     assert sorted(step_losses(streamed)) == [1, 2]
+    records = [json.loads(line) for line in (streamed / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if "stream/wire_bytes_per_supervised_token" in r]) == 2
     got, expected = read_trained_drafter(streamed / "drafter"), read_trained_drafter(colocated / "drafter")
     assert got.weights.keys() == expected.weights.keys()
     assert all(torch.equal(got.weights[name], expected.weights[name]) for name in expected.weights)
