@@ -56,8 +56,7 @@ from deepspec_train.export.production_plans import PRODUCTION_RECIPES, productio
 from deepspec_train.formats.trained_drafter import read_trained_drafter
 from deepspec_train.jobs.assembly import load_token_datasets, validation_share
 from deepspec_train.jobs.run import run_training
-from deepspec_train.models.reference_configs import qwen3_reference_configs
-from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, scale_target_config
+from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, SCALE_TARGETS, scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
@@ -78,7 +77,6 @@ CHANGED_KEYS = {
     "train.max_steps", "train.global_batch_sequences", "train.eval_every", "train.eval_sequences",
     "logging.wandb", "logging.progress", "logging.log_every", "run.output_dir", "topology.target_workers",
 }
-WIDTHS = {"hidden_size", "intermediate_size", "head_dim"}
 # Config entries that record where and how a config was saved, not the architecture.
 SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
 STREAMED_TIMEOUT_S = 900
@@ -186,17 +184,20 @@ def _architecture(config: dict) -> dict:
 
 @pytest.mark.parametrize("name", sorted(set(SCALE_TIER.values())))
 def test_scale_target_keeps_the_published_architecture(scale_worlds: dict, name: str) -> None:
-    reference = qwen3_reference_configs()[name].to_dict()
+    target = SCALE_TARGETS[name]
+    reference = target.reference().to_dict()
+    widths = target.shrink(target.reference())
     saved = AutoConfig.from_pretrained(scale_worlds[name]["target"])
     # Saved in bf16 like the published checkpoints; nothing else differs from the derived config.
     assert str(saved.dtype).removeprefix("torch.") == "bfloat16"
     scaled = _architecture(saved.to_dict())
     assert scaled == _architecture(scale_target_config(name).to_dict())
-    assert {key for key in _architecture(reference) if reference[key] != scaled.get(key)} == WIDTHS
+    # Only the widths differ, all by one factor, so head_dim * heads / hidden and the MLP ratio are the published.
+    assert {key for key in _architecture(reference) if reference[key] != scaled.get(key)} == set(widths)
+    assert len({reference[key] / scaled[key] for key in widths}) == 1
     assert saved.head_dim == SCALE_HEAD_DIM
     heads = saved.num_attention_heads
     assert saved.head_dim * heads / saved.hidden_size == reference["head_dim"] * heads / reference["hidden_size"]
-    assert saved.intermediate_size / saved.hidden_size == reference["intermediate_size"] / reference["hidden_size"]
     tokenizer = AutoTokenizer.from_pretrained(scale_worlds[name]["target"])
     assert {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN3_TOKEN_IDS} == QWEN3_TOKEN_IDS
     assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (saved.eos_token_id, saved.bos_token_id)
@@ -220,8 +221,9 @@ def _validation_batch(cfg):
 
 @pytest.mark.parametrize("recipe", list(SCALE_TIER))
 def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
-    recipe: str, scale_root: Path, scale_worlds: dict, colocated_runs, streamed_launch, capsys
+    recipe: str, colocated_runs, streamed_launch, capsys
 ) -> None:
+    """(``streamed_launch`` is asked for only to start the streamed runs early, beside the colocated ones.)"""
     production = load_recipe(recipe, check_target=False)
     cfg = colocated_runs(recipe)
     run_dir = Path(cfg.run.output_dir)
@@ -243,9 +245,13 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
     assert expected.keys() == got.keys()
     assert all(torch.equal(expected[name], got[name]) for name in expected)
 
+    config = json.loads((export_dir / "config.json").read_text())
+    _check_export_fields(config, cfg)
     readings = {r.engine: r for r in check_export_dir(export_dir, target)}
     served = [engine for engine in ENGINES if readings[engine].unserved is None]
-    assert served == (["vllm"] if cfg.drafter.markov_rank == 0 and cfg.drafter.kind == "dflash" else list(ENGINES))
+    # SGLang's DSPARK needs a Markov head: the DSpark-label DFlash (rank 0 in the DSpark layout) is vLLM's only.
+    rank_zero_dspark = layout_of_config(config) == "dspark" and config["markov_rank"] == 0
+    assert served == (["vllm"] if rank_zero_dspark else list(ENGINES))
     real_shapes = {r.engine: r for r in production_readings(recipe)}
     for engine in ENGINES:
         reading = readings[engine]
@@ -254,7 +260,6 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
             assert reading.captured_layers == cfg.target.layer_ids == real_shapes[engine].captured_layers
             taps = " ".join(map(str, reading.captured_layers))
             assert f"{engine}: captures the outputs of target decoder layers {taps}" in printed
-    _check_export_fields(json.loads((export_dir / "config.json").read_text()), cfg)
 
 
 def _check_export_fields(config: dict, cfg: RecipeConfig) -> None:
