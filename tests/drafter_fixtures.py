@@ -1,4 +1,5 @@
-"""Shared test helpers for the parallel drafter and packing tests: tiny geometry, drafters, random sequences."""
+"""Shared test helpers for the parallel drafter, packing and export tests: tiny geometry, drafters, random sequences,
+and the outputs a serving engine computes from a drafter."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem
 
 VOCAB = 97
@@ -74,3 +76,13 @@ def random_item(length: int, sample_id: int, generator: torch.Generator) -> Sequ
         final_hidden=torch.randn(length, HIDDEN, generator=generator),
         sample_id=sample_id,
     )
+
+
+def drafter_outputs(module: torch.nn.Module, batch: PackedBatch) -> dict[str, torch.Tensor]:
+    """Slot logits and (DSpark) confidence logits, the quantities a serving engine computes."""
+    with torch.no_grad():
+        out = {"logits": module.slot_logits(batch)}
+        if isinstance(module, ParallelDrafter) and module.confidence_head is not None:
+            hidden = module.backbone(batch)
+            out["confidence"] = module.confidence_logits(hidden, module.markov_rows(batch.block_prev))
+    return out

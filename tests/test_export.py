@@ -35,7 +35,7 @@ from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.target.head_weights import load_head_weights
 from deepspec_train.formats.trained_drafter import write_trained_drafter
-from tests.drafter_fixtures import random_loss_mask
+from tests.drafter_fixtures import drafter_outputs, random_loss_mask
 
 VOCAB, MASK_ID, HIDDEN, BLOCK, TARGET_LAYERS = 97, 96, 32, 4, 4
 LAYER_IDS = {"dspark": [0, 2], "dflash": [0, 2], "eagle3": [0, 1, 2]}
@@ -117,16 +117,6 @@ def random_batch(kind: str, seed: int = 0, labels: str = "dspark") -> PackedBatc
     anchors = [sample_anchors(it.loss_mask, 4, g) for it in items]
     (batch,) = pack_sequences(items, anchors, BLOCK, 10_000, MASK_ID, labels)
     return batch
-
-
-def drafter_outputs(module: torch.nn.Module, batch: PackedBatch) -> dict[str, torch.Tensor]:
-    """Slot logits and (DSpark) confidence logits, the quantities a serving engine computes."""
-    with torch.no_grad():
-        out = {"logits": module.slot_logits(batch)}
-        if isinstance(module, ParallelDrafter) and module.confidence_head is not None:
-            hidden = module.backbone(batch)
-            out["confidence"] = module.confidence_logits(hidden, module.markov_rows(batch.block_prev))
-    return out
 
 
 @pytest.fixture(scope="module")

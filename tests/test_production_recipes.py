@@ -20,6 +20,7 @@ from deepspec_train.config.loader import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
+from deepspec_train.models.scale_targets import scale_target_config, shrink_dense_qwen3
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.sizing import (
     balance_workers,
@@ -201,3 +202,15 @@ def test_balance_workers_follows_routing() -> None:
     heavy = balance_workers(3.0, 1.0, 8, 1.0, 512)
     assert (heavy.target_workers, heavy.drafter_workers) == (6, 2)
     assert heavy.sequences_per_s == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("name", sorted(qwen3_reference_configs()))
+def test_scale_target_widths_follow_one_factor(name: str) -> None:
+    """The scale-model tier's targets (``models/scale_targets.py``): the widths divided by 32, nothing else."""
+    reference, scaled = qwen3_reference_configs()[name], scale_target_config(name)
+    assert (scaled.head_dim, scaled.hidden_size * 32, scaled.intermediate_size * 32) == (
+        4, reference.hidden_size, reference.intermediate_size)
+    assert (scaled.num_hidden_layers, scaled.num_attention_heads, scaled.vocab_size, scaled.tie_word_embeddings) == (
+        reference.num_hidden_layers, reference.num_attention_heads, 151936, reference.tie_word_embeddings)
+    with pytest.raises(ValueError, match="does not divide the widths"):
+        shrink_dense_qwen3(reference, head_dim=3)

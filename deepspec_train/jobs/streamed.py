@@ -58,7 +58,8 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         if not is_peer_error(str(exc)):
             raise
         abort(f"{me}: {monitor.explain(exc)}")
-    monitor.finish()
+    # Rank 0 hosts the rendezvous store every monitor talks through: it leaves only after everybody signed off.
+    monitor.finish(wait_for_peers=world.rank == 0)
     return summary
 
 

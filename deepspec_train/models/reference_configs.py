@@ -11,6 +11,9 @@ from transformers import Qwen3Config
 _COMMON = dict(
     architectures=["Qwen3ForCausalLM"],
     vocab_size=151936,
+    # <|endoftext|> and <|im_end|> (the tokenizer's end of turn), as in every Qwen3 config.json.
+    bos_token_id=151643,
+    eos_token_id=151645,
     head_dim=128,
     num_key_value_heads=8,
     max_position_embeddings=40960,

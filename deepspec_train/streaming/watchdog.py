@@ -12,6 +12,8 @@ Two mechanisms, both bounded by ``stream.timeout_s``:
 - A collective that fails because a peer went away (a drafter dying while the others sit in a gradient
   all-reduce) names no rank; ``PeerMonitor.explain`` finds the peer whose process is gone on this host, or says
   that the error did not name one.
+- The rank hosting the store signs off last (``finish(wait_for_peers=True)``), so the store outlives every
+  drafter's final checkpoint and drafter files.
 
 On failure the process prints one line naming the failed peer and leaves with ``os._exit``: tearing down process
 groups that still hold a connection to a dead peer can itself block, and a hung survivor is the one outcome
@@ -34,6 +36,7 @@ from deepspec_train.streaming import peer_processes
 FAILURE_EXIT_CODE = 3
 _HEARTBEAT_PREFIX = "deepspec/heartbeat/"
 _DONE_PREFIX = "deepspec/finished/"
+_SIGN_OFF_POLL_S = 0.05
 
 
 class PeerFailure(RuntimeError):
@@ -109,13 +112,24 @@ class PeerMonitor:
         self._thread.start()
         return self
 
-    def finish(self) -> None:
-        """Sign off: from now on peers do not report this rank's silence as a failure."""
-        self._stop.set()
+    def finish(self, wait_for_peers: bool = False) -> None:
+        """Sign off: from now on peers do not report this rank's silence as a failure.
+
+        ``wait_for_peers`` is for the rank that hosts the rendezvous store (rank 0, a target worker): it returns
+        only once every peer has signed off, still beating and watching meanwhile (a peer that dies is reported
+        as before). Leaving earlier takes the store down under drafters that are still writing their last
+        checkpoint and drafter files, and their monitors then abort before those files exist.
+        """
         try:
             self._store.set(f"{_DONE_PREFIX}{self.rank}", "1")
+            if wait_for_peers:
+                peers = [f"{_DONE_PREFIX}{r}" for r in range(self.world_size) if r != self.rank]
+                while not self._store.check(peers):
+                    time.sleep(_SIGN_OFF_POLL_S)
         except RuntimeError:
             pass  # the store host already left after finishing; there is nobody left to tell
+        finally:
+            self._stop.set()
 
     def explain(self, error: RuntimeError) -> str:
         """One line about a collective that failed with ``error``: the peers on this host whose process is

@@ -1,0 +1,77 @@
+"""Scale copies of the production targets: the published architecture with only its widths shrunk.
+
+A scale copy keeps everything a recipe or a serving engine reads from a target's ``config.json`` (architecture,
+decoder-layer count, vocabulary size, special token ids, query / KV head counts, tied embeddings, RoPE settings,
+context length) and divides the widths (``head_dim``, ``hidden_size``, ``intermediate_size``) by one factor, so
+``head_dim * heads / hidden`` and the MLP ratio stay the published ones while the model runs on a laptop CPU.
+The copies are derived here from ``reference_configs`` and never written by hand, so they cannot drift from the
+published configs. The scale-model test tier (``tests/test_scale_tier.py``) trains every production recipe on
+them:
+
+    config = scale_target_config("Qwen3-8B")        # hidden 128, head_dim 4, 36 layers, vocab 151,936
+    save_scale_target("Qwen3-8B", "models/Qwen3-8B-scale")  # random weights, save_pretrained
+
+To add a target family, add its published config to ``reference_configs`` and a ``ScaleTarget`` to
+``SCALE_TARGETS`` whose ``shrink`` names the family's width fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig
+
+from deepspec_train.models.reference_configs import qwen3_reference_configs
+
+SCALE_HEAD_DIM = 4
+
+
+def shrink_dense_qwen3(reference: PretrainedConfig, head_dim: int = SCALE_HEAD_DIM) -> dict[str, int]:
+    """The width fields of a dense Qwen3 config divided by ``reference.head_dim / head_dim``."""
+    factor, rest = divmod(reference.head_dim, head_dim)
+    widths = {"hidden_size": reference.hidden_size, "intermediate_size": reference.intermediate_size}
+    uneven = {name: value for name, value in widths.items() if rest or value % factor}
+    if uneven:
+        raise ValueError(f"head_dim {head_dim} does not divide the widths of the reference config evenly: {uneven}")
+    return {"head_dim": head_dim, **{name: value // factor for name, value in widths.items()}}
+
+
+@dataclass(frozen=True)
+class ScaleTarget:
+    """One production target: its published config and the function that shrinks that config's widths."""
+
+    name: str
+    reference: Callable[[], PretrainedConfig]
+    shrink: Callable[[PretrainedConfig], Mapping[str, int]]
+
+    def config(self) -> PretrainedConfig:
+        reference = self.reference()
+        return type(reference).from_dict({**reference.to_dict(), **self.shrink(reference)})
+
+
+def _qwen3(name: str) -> ScaleTarget:
+    return ScaleTarget(name, lambda: qwen3_reference_configs()[name], shrink_dense_qwen3)
+
+
+SCALE_TARGETS: dict[str, ScaleTarget] = {t.name: t for t in map(_qwen3, ("Qwen3-4B", "Qwen3-8B", "Qwen3-14B"))}
+
+
+def scale_target_config(name: str) -> PretrainedConfig:
+    """The scale copy's config of the production target ``name`` (a key of ``SCALE_TARGETS``)."""
+    if name not in SCALE_TARGETS:
+        raise KeyError(f"no scale target {name!r}; known: {sorted(SCALE_TARGETS)}")
+    return SCALE_TARGETS[name].config()
+
+
+def save_scale_target(name: str, directory: str | Path, seed: int = 0) -> Path:
+    """Write a random-weight scale copy of ``name`` with ``save_pretrained`` (config.json + model.safetensors,
+    bf16 like the published checkpoints) to ``directory``; no tokenizer is written."""
+    config = scale_target_config(name)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.save_pretrained(str(directory))
+    return Path(directory)

@@ -1,0 +1,291 @@
+"""Scale-model tier: every production recipe trains, exports, reloads and passes the serving engines' rules on a
+random-weight copy of its target that keeps the target's whole architecture except its widths.
+
+For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, in ``tests/scale_world.py``):
+
+- the target is the scale copy of ``deepspec_train.models.scale_targets`` (``Qwen3ForCausalLM``, 36 / 36 / 40
+  decoder layers, vocabulary 151,936, Qwen3's special ids, 32/8, 32/8, 40/8 query/KV heads, head_dim * heads /
+  hidden 1.6 / 1.0 / 1.0, tied embeddings for 4B, the published RoPE; head_dim 4, so hidden 80 / 128 / 160),
+  saved with ``save_pretrained`` and loaded with ``from_pretrained``, with a tokenizer laid out like Qwen3's
+  (``tests/qwen3_tokenizer.py``) loaded through ``AutoTokenizer``; the conversations go through the real data path
+  (chat template with thinking off, loss mask, token shards);
+- the recipe changes only in paths, sizes and step count (checked key by key against the recipe file), so its
+  taps, block size 7, 512 anchors per sequence, Markov rank 256, mask id 151669, draft vocabulary 32,000, loss
+  weights, target dtype bf16 and learning-rate schedule are the production ones;
+- it trains 2 steps colocated (in this process) and 2 steps streamed: 1 target worker + 1 drafter worker, two real
+  processes over gloo going through ``train.py``'s entry; all nine streamed runs share one launch of the two
+  processes (``tests/scale_streamed_ranks.py``) to pay the interpreter start-up once, and run while the colocated
+  runs do. Per-step losses and the final weights of both modes are equal;
+- ``deepspec export`` writes its default layout, the loader reloads it, and the reloaded module's slot logits (and
+  DSpark confidences) on a validation batch of real target features equal the trained module's (at the export's
+  bf16 weights);
+- ``engine_rules.check_export_dir`` passes for every engine that serves the layout, and what each engine captures
+  is the trained taps and the same as at the real shapes (``production_plans``, drafters on the meta device).
+
+What the tier cannot reach, and why:
+
+- real widths: a real target is 8-28 GB of weights; the widths are the only thing shrunk, and
+  ``test_production_recipes`` / ``test_export`` build the real-width drafters and export plans on the meta device;
+- bf16 autocast, NCCL and flex attention: CUDA only (``train.mixed_precision=bf16`` is kept but is a no-op on CPU,
+  where the dense-mask SDPA path runs); the ``gpu`` tier covers them where a GPU exists;
+- 512 blocks per sequence: the recipe keeps ``anchors.num_per_sequence: 512``, but sequences of at most 96 tokens
+  have fewer valid anchors, so every valid position is an anchor (512 real blocks need ~520 supervised tokens per
+  sequence and V-sized logits at ~3,600 slots, minutes per step on 2 CPU cores);
+- vLLM and SGLang themselves: not installed here (they need a GPU); ``export/engine_rules.py`` states their rules;
+- W&B and tokenisation worker processes: ``logging.wandb=false`` and ``data.num_workers=0`` because each costs a
+  process start per run; ``test_logging_sinks`` and ``test_data_token_shards`` cover them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoTokenizer
+
+from deepspec_train.cli import main as deepspec
+from deepspec_train.config.loader import config_to_dict, load_recipe
+from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.export.engine_rules import ENGINES, check_export_dir
+from deepspec_train.export.layouts import layout_of_config
+from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
+from deepspec_train.formats.trained_drafter import read_trained_drafter
+from deepspec_train.jobs.assembly import load_token_datasets, validation_share
+from deepspec_train.jobs.run import run_training
+from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, SCALE_TARGETS, scale_target_config
+from deepspec_train.target.hidden_states import TargetTap
+from deepspec_train.target.loading import load_target_model
+from deepspec_train.training.distributed import DistContext
+from tests.drafter_fixtures import drafter_outputs
+from tests.qwen3_tokenizer import QWEN3_TOKEN_IDS
+from tests.scale_world import (
+    SCALE_TIER, TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, build_scale_world, scale_overrides,
+)
+from tests.streaming_helpers import free_port, read_logs, start_ranks, step_losses, wait_all
+
+# One intra-op thread here, as in the streamed ranks: the colocated and streamed runs then reduce in the same order
+# and their final weights are bit-identical, not only their losses.
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
+
+# The recipe keys the tier may change: paths, sizes, step count, and the logging of a test run.
+CHANGED_KEYS = {
+    "target.path", "data.train", "data.validation", "data.cache_dir", "data.max_length", "data.num_workers",
+    "train.max_steps", "train.global_batch_sequences", "train.eval_every", "train.eval_sequences",
+    "logging.wandb", "logging.progress", "logging.log_every", "run.output_dir", "topology.target_workers",
+}
+# Config entries that record where and how a config was saved, not the architecture.
+SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
+STREAMED_TIMEOUT_S = 900
+
+
+class StreamedLaunch:
+    """The one 2-process launch that runs every recipe streamed; ``output_dir`` waits for it to finish."""
+
+    def __init__(self, procs, outputs: dict[str, Path], log_dir: Path) -> None:
+        self.procs, self.outputs, self.log_dir = procs, outputs, log_dir
+        self.codes: list[int] | None = None
+
+    def output_dir(self, recipe: str) -> Path:
+        if self.codes is None:
+            self.codes = wait_all(self.procs, STREAMED_TIMEOUT_S)
+        assert self.codes == [0, 0], f"exit codes {self.codes}\n{read_logs(self.log_dir, 2)[-6000:]}"
+        return self.outputs[recipe]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="session")
+def scale_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("scale_tier")
+
+
+@pytest.fixture(scope="session")
+def scale_worlds(scale_root: Path) -> dict[str, dict[str, str]]:
+    """One world per scale target, shared by the recipes that train on it."""
+    return {name: build_scale_world(scale_root / name, name) for name in sorted(set(SCALE_TIER.values()))}
+
+
+def _overrides(worlds: dict, root: Path, recipe: str, mode: str, **extra: object) -> list[str]:
+    world = worlds[SCALE_TIER[recipe]]
+    # One shard cache per mode: the streamed target worker and this process tokenise at the same time.
+    return scale_overrides(world, root / "runs" / recipe / mode, **{"data.cache_dir": f"{world['cache']}-{mode}"},
+                           **extra)
+
+
+@pytest.fixture(scope="session")
+def streamed_launch(scale_root: Path, scale_worlds: dict):
+    runs, outputs = [], {}
+    for recipe in SCALE_TIER:
+        argv = [f"recipe={recipe}", *_overrides(scale_worlds, scale_root, recipe, "streamed",
+                                                **{"topology.target_workers": 1})]
+        runs.append({"port": free_port(), "argv": argv})
+        outputs[recipe] = scale_root / "runs" / recipe / "streamed"
+    runs_file = scale_root / "streamed_runs.json"
+    runs_file.write_text(json.dumps(runs))
+    log_dir = scale_root / "streamed_logs"
+    launch = StreamedLaunch(start_ranks(["-m", "tests.scale_streamed_ranks", str(runs_file)], 2, log_dir),
+                            outputs, log_dir)
+    yield launch
+    launch.stop()
+
+
+@pytest.fixture(scope="session")
+def colocated_runs(scale_root: Path, scale_worlds: dict):
+    """``run(recipe)``: the recipe's colocated run (its validated config), trained once per session."""
+    done: dict[str, RecipeConfig] = {}
+
+    def run(recipe: str) -> RecipeConfig:
+        if recipe not in done:
+            overrides = _overrides(scale_worlds, scale_root, recipe, "colocated", **{"topology.target_workers": 0})
+            cfg = load_recipe(recipe, overrides)
+            summary = run_training(cfg)
+            assert summary is not None and summary.steps == 2
+            done[recipe] = cfg
+        return done[recipe]
+
+    return run
+
+
+def _drop_final_checkpoint(run_dir: Path) -> None:
+    """The run ends with a checkpoint (weights + Adam state: about 0.9 GB for a DSpark drafter's V x r Markov
+    factors); the tier checks it was written, then frees the disk."""
+    final = run_dir / "checkpoints" / "step_00000002"
+    assert (final / "trainer_state.json").is_file()
+    shutil.rmtree(final)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_tier_covers_every_production_recipe() -> None:
+    assert sorted(SCALE_TIER) == sorted(PRODUCTION_RECIPES)
+    for recipe, target in SCALE_TIER.items():
+        assert Path(load_recipe(recipe, check_target=False).target.path).name == target
+
+
+def _architecture(config: dict) -> dict:
+    return {key: value for key, value in config.items() if key not in SAVE_RECORDS}
+
+
+@pytest.mark.parametrize("name", sorted(set(SCALE_TIER.values())))
+def test_scale_target_keeps_the_published_architecture(scale_worlds: dict, name: str) -> None:
+    target = SCALE_TARGETS[name]
+    reference = target.reference().to_dict()
+    widths = target.shrink(target.reference())
+    saved = AutoConfig.from_pretrained(scale_worlds[name]["target"])
+    # Saved in bf16 like the published checkpoints; nothing else differs from the derived config.
+    assert str(saved.dtype).removeprefix("torch.") == "bfloat16"
+    scaled = _architecture(saved.to_dict())
+    assert scaled == _architecture(scale_target_config(name).to_dict())
+    # Only the widths differ, all by one factor, so head_dim * heads / hidden and the MLP ratio are the published.
+    assert {key for key in _architecture(reference) if reference[key] != scaled.get(key)} == set(widths)
+    assert len({reference[key] / scaled[key] for key in widths}) == 1
+    assert saved.head_dim == SCALE_HEAD_DIM
+    heads = saved.num_attention_heads
+    assert saved.head_dim * heads / saved.hidden_size == reference["head_dim"] * heads / reference["hidden_size"]
+    tokenizer = AutoTokenizer.from_pretrained(scale_worlds[name]["target"])
+    assert {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN3_TOKEN_IDS} == QWEN3_TOKEN_IDS
+    assert (tokenizer.eos_token_id, tokenizer.pad_token_id) == (saved.eos_token_id, saved.bos_token_id)
+    # Like Qwen3: 151,669 tokenizer entries, the mask id 151669 the first unused one of 151,936 embedding rows.
+    assert len(tokenizer) == 151669 < saved.vocab_size == 151936
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                         add_generation_prompt=True, enable_thinking=False)
+    assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+
+
+def _validation_batch(cfg):
+    """A validation micro-batch of real target features, as the trainer's validation builds it."""
+    ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
+    datasets = load_token_datasets(cfg, ctx)
+    # The data path kept every conversation (none refused by the template or cut by data.max_length).
+    assert (len(datasets["train"]), len(datasets["validation"])) == (TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS)
+    rows = datasets["validation"]
+    tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
+    return validation_share(cfg, rows, tap, 0, 1, ctx.device).batches()[0]
+
+
+@pytest.mark.parametrize("recipe", list(SCALE_TIER))
+def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
+    recipe: str, colocated_runs, streamed_launch, capsys
+) -> None:
+    """(``streamed_launch`` is asked for only to start the streamed runs early, beside the colocated ones.)"""
+    production = load_recipe(recipe, check_target=False)
+    cfg = colocated_runs(recipe)
+    run_dir = Path(cfg.run.output_dir)
+    original, scaled = _flat(config_to_dict(production)), _flat(config_to_dict(cfg))
+    assert {key for key in original if original[key] != scaled[key]} <= CHANGED_KEYS
+    assert sorted(step_losses(run_dir)) == [1, 2]
+    _drop_final_checkpoint(run_dir)
+
+    target = cfg.target.path
+    export_dir = run_dir.parent / "export"
+    argv = ["export", "--drafter", str(run_dir / "drafter"), "--target", target, "--out", str(export_dir)]
+    assert deepspec(argv) == 0
+    printed = capsys.readouterr().out
+
+    trained = load_exported_drafter(run_dir / "drafter", target).module.to(torch.bfloat16).float()
+    reloaded = load_exported_drafter(export_dir, target, dtype=torch.float32).module
+    batch = _validation_batch(cfg)
+    expected, got = drafter_outputs(trained, batch), drafter_outputs(reloaded, batch)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+
+    config = json.loads((export_dir / "config.json").read_text())
+    _check_export_fields(config, cfg)
+    readings = {r.engine: r for r in check_export_dir(export_dir, target)}
+    served = [engine for engine in ENGINES if readings[engine].unserved is None]
+    # SGLang's DSPARK needs a Markov head: the DSpark-label DFlash (rank 0 in the DSpark layout) is vLLM's only.
+    rank_zero_dspark = layout_of_config(config) == "dspark" and config["markov_rank"] == 0
+    assert served == (["vllm"] if rank_zero_dspark else list(ENGINES))
+    real_shapes = {r.engine: r for r in production_readings(recipe)}
+    for engine in ENGINES:
+        reading = readings[engine]
+        assert (reading.unserved is None) == (real_shapes[engine].unserved is None)
+        if reading.unserved is None:
+            assert reading.captured_layers == cfg.target.layer_ids == real_shapes[engine].captured_layers
+            taps = " ".join(map(str, reading.captured_layers))
+            assert f"{engine}: captures the outputs of target decoder layers {taps}" in printed
+
+
+def _check_export_fields(config: dict, cfg: RecipeConfig) -> None:
+    """The production settings an engine reads from the export's config.json."""
+    layout = layout_of_config(config)
+    target_layers = scale_target_config(SCALE_TIER[cfg.run.name]).num_hidden_layers
+    assert (config["vocab_size"], config["num_target_layers"]) == (151936, target_layers)
+    if layout == "dspark":
+        assert (config["block_size"], config["markov_rank"], config["mask_token_id"]) == (
+            cfg.drafter.block_size, cfg.drafter.markov_rank, 151669)
+        assert config["enable_confidence_head"] == cfg.drafter.confidence_head
+    else:
+        assert layout == "eagle3" and config["draft_vocab_size"] == cfg.drafter.draft_vocab_size == 32000
+
+
+@pytest.mark.parametrize("recipe", list(SCALE_TIER))
+def test_streamed_run_matches_colocated(recipe: str, colocated_runs, streamed_launch) -> None:
+    colocated = Path(colocated_runs(recipe).run.output_dir)
+    streamed = streamed_launch.output_dir(recipe)
+    assert step_losses(streamed) == step_losses(colocated)
+    assert sorted(step_losses(streamed)) == [1, 2]
+    records = [json.loads(line) for line in (streamed / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in records if "stream/wire_bytes_per_supervised_token" in r]) == 2
+    got, expected = read_trained_drafter(streamed / "drafter"), read_trained_drafter(colocated / "drafter")
+    assert got.weights.keys() == expected.weights.keys()
+    assert all(torch.equal(got.weights[name], expected.weights[name]) for name in expected.weights)
+    _drop_final_checkpoint(streamed)
+    # Both runs and the export passed every check: free the recipe's ~1 GB of DSpark drafter files.
+    shutil.rmtree(streamed.parent)
