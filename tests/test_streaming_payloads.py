@@ -52,10 +52,12 @@ def _worker(world_file: str, out: str, targets: int) -> None:
         run_target_role(cfg, ctx, world.rank, topology)
     else:
         source = StreamedFeatureSource(topology, ctx.rank, ctx.device, cfg.stream.timeout_s)
-        for step, batches in enumerate(source):
+        for step, step_batches in enumerate(source):
+            batches = list(step_batches.batches)
+            assert (step_batches.num_batches, step_batches.num_supervised) == (len(batches), sum(b.num_supervised for b in batches))
             _dump(batches, Path(out), f"d{ctx.rank}_train_{step}")
             if source.plan.validates_after(step):
-                _dump(source.validation_batches(), Path(out), f"d{ctx.rank}_val_{step}")
+                _dump(list(source.validation_batches()), Path(out), f"d{ctx.rank}_val_{step}")
     shutdown(world)
 
 
@@ -72,8 +74,8 @@ def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
     for d in range(drafters):
         colocated = train_source(cfg, data["train"], tap, d, drafters, single.device)
         val = validation_share(cfg, data["validation"], tap, d, drafters, single.device)
-        for step, batches in zip(range(STEPS), colocated):
-            expected[f"d{d}_train_{step}"] = batches
+        for step, step_batches in zip(range(STEPS), colocated):
+            expected[f"d{d}_train_{step}"] = step_batches.batches
             if (step + 1) % cfg.train.eval_every == 0 or step + 1 == STEPS:
                 expected[f"d{d}_val_{step}"] = val.batches()
     return expected

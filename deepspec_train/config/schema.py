@@ -110,10 +110,13 @@ class TrainConfig:
 class TopologyConfig:
     # 0 = colocated (each process runs the target itself); otherwise the first T ranks are target workers.
     target_workers: int = 0
+    # Target ranks per tensor-parallel group: each group of target_tp ranks holds one replica of the target.
+    target_tp: int = 1
 
 
 @dataclass
 class StreamConfig:
+    # Micro-batches a target group's send queue may hold (one more is on the wire).
     depth: int = 2
     timeout_s: float = 300.0
 

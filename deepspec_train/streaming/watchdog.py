@@ -7,7 +7,9 @@ Two mechanisms, both bounded by ``stream.timeout_s``:
 - A ``PeerMonitor`` thread beats a per-rank counter in the rendezvous store and watches everybody else's. A rank
   whose counter stops moving for ``timeout_s`` without having signed off as finished is reported dead. This
   catches the failures point-to-point deadlines cannot name, e.g. a drafter dying while the other drafters sit
-  in a gradient all-reduce.
+  in a gradient all-reduce, or one rank of a tensor-parallel target group dying in the middle of a forward
+  (the survivors' collective fails without saying which peer left; ``name_the_dead_peer`` waits for the
+  heartbeats to say it).
 
 On failure the process prints one line naming the dead peer and leaves with ``os._exit``: tearing down process
 groups that still hold a connection to a dead peer can itself block, and a hung survivor is the one outcome
@@ -78,6 +80,13 @@ class PeerMonitor:
             self._store.set(f"{_DONE_PREFIX}{self.rank}", "1")
         except RuntimeError:
             pass  # the store host already left after finishing; there is nobody left to tell
+
+    def name_the_dead_peer(self, fallback: str) -> None:
+        """After a collective failed (a tensor-parallel forward), let the heartbeats tell which peer died: the
+        watching thread ends the process naming it within ``timeout_s``; ``fallback`` is printed if it has not by
+        then. Never returns."""
+        time.sleep(self.timeout_s + 3 * self.interval_s)
+        abort(fallback)
 
     def _run(self) -> None:
         beats = 0
