@@ -149,8 +149,10 @@ def _topology_problems(target_workers: int, target_tp: int) -> list[str]:
 
 
 def _sparse_layers(target_config: Mapping[str, Any]) -> bool:
-    """Whether the target has mixture-of-experts layers (Qwen3-MoE's ``num_experts`` / ``decoder_sparse_step``)."""
-    return bool(target_config.get("num_experts")) and bool(target_config.get("moe_intermediate_size"))
+    """Whether the target has mixture-of-experts layers: Qwen3-MoE's ``num_experts`` (the published configs) or
+    ``num_local_experts`` (what transformers 5 writes for the same attribute), with an expert width."""
+    experts = target_config.get("num_experts") or target_config.get("num_local_experts")
+    return bool(experts) and bool(target_config.get("moe_intermediate_size"))
 
 
 def _dense_mlp_layers(target_config: Mapping[str, Any]) -> bool:
@@ -162,16 +164,19 @@ def _dense_mlp_layers(target_config: Mapping[str, Any]) -> bool:
     return any(i in dense_only or (i + 1) % step for i in range(layers))
 
 
-def tensor_parallel_problems(target_config: Mapping[str, Any], target_tp: int) -> list[str]:
-    """What transformers' TP plan splits ``target_tp`` ways must divide by it: the query and key/value heads
-    (column-wise q/k/v projections), the dense MLP width and, for a mixture-of-experts target, the expert width."""
+def tensor_parallel_problems(target_config: Mapping[str, Any], target_tp: int, plan: str = "auto") -> list[str]:
+    """What a group's TP plan splits ``target_tp`` ways must divide by it: the dense MLP width and, for a
+    mixture-of-experts target, the expert width; with ``plan = "auto"`` also the query and key/value heads
+    (column-wise q/k/v projections). ``"experts"`` replicates attention and needs experts to split."""
     if target_tp <= 1:
         return []
-    keys = ["num_attention_heads", "num_key_value_heads"]
+    keys = ["num_attention_heads", "num_key_value_heads"] if plan == "auto" else []
     if _dense_mlp_layers(target_config):
         keys.append("intermediate_size")
     if _sparse_layers(target_config):
         keys.append("moe_intermediate_size")
+    elif plan == "experts":
+        return ["topology.target_tp_plan = 'experts' needs a mixture-of-experts target; this one has no experts"]
     sizes = {key: target_config.get(key) for key in keys if isinstance(target_config.get(key), int)}
     bad = {key: value for key, value in sizes.items() if value % target_tp}
     if not bad:
@@ -179,8 +184,9 @@ def tensor_parallel_problems(target_config: Mapping[str, Any], target_tp: int) -
     common = math.gcd(*sizes.values())
     choices = [k for k in range(1, common + 1) if common % k == 0 and k <= 64]
     listed = ", ".join(f"{key} = {value}" for key, value in bad.items())
+    what = "heads" if plan == "auto" else "experts"
     return [
-        f"topology.target_tp = {target_tp} cannot split the target's heads over a group of {target_tp} ranks: "
+        f"topology.target_tp = {target_tp} cannot split the target's {what} over a group of {target_tp} ranks: "
         f"{listed} not a multiple of {target_tp} (target_tp values that split it: {choices})"
     ]
 
@@ -213,7 +219,7 @@ def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any]) -> list
         size = cfg.drafter.draft_vocab_size
         if size is not None and size > vocab:
             p.append(f"drafter.draft_vocab_size = {size} exceeds the target's vocabulary ({vocab})")
-    p.extend(tensor_parallel_problems(target_config, cfg.topology.target_tp))
+    p.extend(tensor_parallel_problems(target_config, cfg.topology.target_tp, cfg.topology.target_tp_plan))
     return p
 
 

@@ -28,7 +28,7 @@ from deepspec_train.models.factory import build_drafter_from_files
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.streamed_source import StreamedFeatureSource
 from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop
-from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort
+from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor
 from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
@@ -56,7 +56,9 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         else:
             summary = run_drafter_role(cfg, ctx, topology, out_dir)
     except PeerFailure as exc:
-        abort(f"{me}: {exc}")
+        # The peer this rank waited for may only have left because another one died first: let the heartbeats
+        # name a dead peer for a few beats before blaming the one waited for.
+        monitor.name_the_dead_peer(f"{me}: {exc}", 3 * monitor.interval_s)
     except RuntimeError as exc:
         if tp_group is None or topology.role_of(world.rank) != "target":
             raise
@@ -78,7 +80,7 @@ def run_target_role(cfg: RecipeConfig, ctx: DistContext, rank: int, topology: To
     if tp_group is None:
         target = load_target_model(cfg.target, ctx.device)
     else:
-        target = load_target_tensor_parallel(cfg.target, ctx.device, tp_group)
+        target = load_target_tensor_parallel(cfg.target, ctx.device, tp_group, cfg.topology.target_tp_plan)
     tap = TargetTap(target, cfg.target.layer_ids)
     drafters = topology.num_drafters
     feeds = []

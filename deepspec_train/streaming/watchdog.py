@@ -13,7 +13,10 @@ Two mechanisms, both bounded by ``stream.timeout_s``:
 
 On failure the process prints one line naming the dead peer and leaves with ``os._exit``: tearing down process
 groups that still hold a connection to a dead peer can itself block, and a hung survivor is the one outcome
-that must never happen.
+that must never happen. Two rules make every survivor name the peer that actually died rather than a survivor
+that left before it: a failed transfer or collective gives the heartbeats a moment to name a dead peer before
+reporting the peer it waited for (``name_the_dead_peer``), and a rank that names a dead peer lingers two beats
+before leaving, so that the rendezvous store it may host stays up while the others reach the same verdict.
 """
 
 from __future__ import annotations
@@ -36,11 +39,12 @@ class PeerFailure(RuntimeError):
     """A peer died, closed its connection or stopped sending."""
 
 
-def abort(message: str) -> None:
-    """Print ``message`` on stderr and end the process at once with a non-zero status."""
+def abort(message: str, linger_s: float = 0.0) -> None:
+    """Print ``message`` on stderr and end the process with a non-zero status (after ``linger_s`` seconds)."""
     sys.stderr.write(f"error: [rank {os.environ.get('RANK', '0')}] {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
+    time.sleep(linger_s)
     os._exit(FAILURE_EXIT_CODE)
 
 
@@ -69,6 +73,8 @@ class PeerMonitor:
         self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "PeerMonitor":
+        # The first beat before anything else: a peer that dies early is watched, not taken as not started yet.
+        self._store.set(f"{_HEARTBEAT_PREFIX}{self.rank}", "0")
         self._thread = threading.Thread(target=self._run, name="deepspec-peer-monitor", daemon=True)
         self._thread.start()
         return self
@@ -81,11 +87,11 @@ class PeerMonitor:
         except RuntimeError:
             pass  # the store host already left after finishing; there is nobody left to tell
 
-    def name_the_dead_peer(self, fallback: str) -> None:
-        """After a collective failed (a tensor-parallel forward), let the heartbeats tell which peer died: the
-        watching thread ends the process naming it within ``timeout_s``; ``fallback`` is printed if it has not by
-        then. Never returns."""
-        time.sleep(self.timeout_s + 3 * self.interval_s)
+    def name_the_dead_peer(self, fallback: str, wait_s: Optional[float] = None) -> None:
+        """After a transfer or a collective failed, let the heartbeats tell whether a peer died: the watching
+        thread ends the process naming it; ``fallback`` is printed if it has not after ``wait_s`` (default: long
+        enough to notice a peer that just died, ``timeout_s`` plus three beats). Never returns."""
+        time.sleep(self.timeout_s + 3 * self.interval_s if wait_s is None else wait_s)
         abort(fallback)
 
     def _run(self) -> None:
@@ -102,12 +108,13 @@ class PeerMonitor:
                     if self._store.check([f"{_DONE_PREFIX}{peer}"]):
                         continue
                     if not self._store.check([f"{_HEARTBEAT_PREFIX}{peer}"]):
-                        continue  # not started yet: point-to-point deadlines cover a peer that never comes up
+                        continue  # not started yet: deadlines of the first transfers cover a peer that never comes up
                     value = self._store.get(f"{_HEARTBEAT_PREFIX}{peer}")
                     if value != last_value.get(peer):
                         last_value[peer], last_change[peer] = value, now
                     elif now - last_change[peer] > self.timeout_s:
-                        abort(f"{self.describe(peer)} stopped responding for {self.timeout_s:g} s (dead or hung); exiting")
+                        abort(f"{self.describe(peer)} stopped responding for {self.timeout_s:g} s (dead or hung); exiting",
+                              linger_s=2 * self.interval_s)
             except RuntimeError as exc:
                 if self._stop.is_set():
                     return

@@ -1,10 +1,14 @@
 """Load one tensor-parallel replica of the target over the ranks of a target group, with transformers' own TP plan.
 
 Every rank of the group calls ``load_target_tensor_parallel`` with the group's process group: transformers
-shards the weights as the model's ``base_model_tp_plan`` says (attention heads and MLP / expert widths split
-column-wise, the output projections row-wise with an all-reduce, norms and the router replicated), each rank
-reads only its shards, and a forward on identical inputs is collective over the group and returns the full
-hidden states on every rank, so the decoder-layer hooks of ``target.hidden_states`` tap them unchanged.
+shards the weights as the model's TP plan says (attention heads and MLP / expert widths split column-wise, the
+output projections row-wise with an all-reduce, the embedding and LM head by vocabulary, norms and the router
+replicated), each rank reads only its shards, and a forward on identical inputs is collective over the group and
+returns the full hidden states on every rank, so the decoder-layer hooks of ``target.hidden_states`` tap them
+unchanged. With ``topology.target_tp_plan = "experts"`` the attention rules are overridden with transformers'
+``replicate`` style: every rank holds and runs the whole attention and only the MLP / expert widths are split,
+for mixture-of-experts targets whose key/value heads do not divide the group (their experts hold nearly all
+the weights).
 
 Why a mesh of our own: transformers 5.x builds its device mesh over the whole default process group and asks the
 world size to equal the tensor-parallel size, while a streamed world also holds the drafter ranks and the other
@@ -49,8 +53,18 @@ def _causal_lm_class(config: Any) -> type:
         ) from None
 
 
-def load_target_tensor_parallel(cfg: TargetConfig, device: torch.device, group: dist.ProcessGroup) -> PreTrainedModel:
-    """This rank's shard of the target, in eval mode with gradients off (collective over ``group``)."""
+def _plan_override(config: Any, plan: str) -> Any:
+    """``"auto"`` or the TP-plan override that replicates every attention rule of the model's plan."""
+    if plan == "auto":
+        return "auto"
+    return {f"model.{key}": "replicate" for key in config.base_model_tp_plan if ".self_attn." in key}
+
+
+def load_target_tensor_parallel(
+    cfg: TargetConfig, device: torch.device, group: dist.ProcessGroup, plan: str = "auto"
+) -> PreTrainedModel:
+    """This rank's shard of the target, in eval mode with gradients off (collective over ``group``); ``plan`` is
+    ``topology.target_tp_plan``."""
     from torch.distributed.device_mesh import DeviceMesh
     from transformers.distributed.configuration_utils import DistributedConfig
 
@@ -65,7 +79,7 @@ def load_target_tensor_parallel(cfg: TargetConfig, device: torch.device, group: 
     size = dist.get_world_size(group)
     model = group_class.from_pretrained(
         cfg.path, config=config, dtype=resolve_dtype(cfg.dtype, device),
-        distributed_config=DistributedConfig(tp_plan="auto", tp_size=size),
+        distributed_config=DistributedConfig(tp_plan=_plan_override(config, plan), tp_size=size),
     )
     model.eval()
     model.requires_grad_(False)

@@ -1,0 +1,80 @@
+"""Random-weight scale models of the mixture-of-experts production targets: the structure of a published
+``Qwen3MoeConfig`` at widths a CPU trains through in seconds.
+
+A scale target keeps everything the pipeline's shapes and rules depend on: the layer count (so the recipe's taps
+are valid), the vocabulary (151,936), the expert count, how many experts route each token, the routing
+normalisation, which layers are sparse, RoPE and whether the embedding is tied. Only widths shrink: hidden size,
+heads (the key/value heads stay a divisor of the query heads and of 2, so tensor-parallel groups of 2 split
+them), head dim and the dense / expert MLP widths. Used by the MoE tests and by the scale-model tier (every
+production recipe's target at scale, trained, exported and reloaded).
+
+    from deepspec_train.models.reference_configs import qwen3_moe_reference_configs
+    save_scale_moe_target(qwen3_moe_reference_configs()["Qwen3-30B-A3B"], "scale/Qwen3-30B-A3B")
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import torch
+from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+# Files of a tokenizer directory copied next to a scale target, so the directory is a complete target.path.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt")
+
+
+def scale_moe_config(
+    reference: Qwen3MoeConfig,
+    hidden_size: int = 32,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    head_dim: int = 8,
+    moe_intermediate_size: int = 16,
+    intermediate_size: int = 64,
+    initializer_range: float = 0.02,
+) -> Qwen3MoeConfig:
+    """``reference``'s structure at the given widths (see the module docstring)."""
+    config = Qwen3MoeConfig(**reference.to_dict())
+    config.hidden_size = hidden_size
+    config.num_attention_heads = num_attention_heads
+    config.num_key_value_heads = num_key_value_heads
+    config.head_dim = head_dim
+    config.moe_intermediate_size = moe_intermediate_size
+    config.intermediate_size = intermediate_size
+    config.initializer_range = initializer_range
+    config.architectures = ["Qwen3MoeForCausalLM"]
+    return config
+
+
+def save_scale_moe_target(
+    reference: Qwen3MoeConfig,
+    directory: str | Path,
+    seed: int = 0,
+    tokenizer_dir: Optional[str | Path] = None,
+    **widths: int,
+) -> str:
+    """Write a random-weight ``Qwen3MoeForCausalLM`` of ``scale_moe_config(reference, **widths)`` (fp32
+    safetensors) to ``directory``; with ``tokenizer_dir``, its tokenizer files too and its end / padding tokens
+    in the model's config (what generation stops on). Returns the path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = scale_moe_config(reference, **widths)
+    tokenizer = None
+    if tokenizer_dir is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        config.eos_token_id, config.pad_token_id, config.bos_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id, None
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config)
+    if tokenizer is not None:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(directory))
+    if tokenizer_dir is not None:
+        for name in TOKENIZER_FILES:
+            source = Path(tokenizer_dir) / name
+            if source.is_file():
+                shutil.copy(source, directory / name)
+    return str(directory)
