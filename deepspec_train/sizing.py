@@ -20,10 +20,9 @@ range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly alway
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 import torch
 

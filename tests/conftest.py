@@ -77,3 +77,11 @@ def moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from tests.moe_world import build_moe_world
 
     return build_moe_world(tmp_path_factory.mktemp("moe_world"))
+
+
+@pytest.fixture(scope="session")
+def shallow_moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """``moe_world`` with a 4-layer target: the multi-process tests load it once per rank."""
+    from tests.moe_world import build_moe_world
+
+    return build_moe_world(tmp_path_factory.mktemp("shallow_moe_world"), num_hidden_layers=4)

@@ -35,9 +35,13 @@ def scale_moe_config(
     moe_intermediate_size: int = 16,
     intermediate_size: int = 64,
     initializer_range: float = 0.02,
+    num_hidden_layers: Optional[int] = None,
 ) -> Qwen3MoeConfig:
-    """``reference``'s structure at the given widths (see the module docstring)."""
+    """``reference``'s structure at the given widths (see the module docstring). ``num_hidden_layers`` (default:
+    the reference's) is for tests of the transport rather than of shapes, where 48 layers only cost time."""
     config = Qwen3MoeConfig(**reference.to_dict())
+    if num_hidden_layers is not None:
+        config.num_hidden_layers = num_hidden_layers
     config.hidden_size = hidden_size
     config.num_attention_heads = num_attention_heads
     config.num_key_value_heads = num_key_value_heads

@@ -80,12 +80,19 @@ class PeerMonitor:
         return self
 
     def finish(self) -> None:
-        """Sign off: from now on peers do not report this rank's silence as a failure."""
-        self._stop.set()
+        """Sign off: from now on peers do not report this rank's silence as a failure.
+
+        Rank 0 hosts the rendezvous store (unless the launcher does): it waits until every peer has signed off,
+        still watching them, so that no rank loses the store while it writes its last files."""
         try:
             self._store.set(f"{_DONE_PREFIX}{self.rank}", "1")
+            if self.rank == 0:
+                keys = [f"{_DONE_PREFIX}{peer}" for peer in range(1, self.world_size)]
+                while not self._store.check(keys):
+                    time.sleep(self.interval_s / 5)
         except RuntimeError:
             pass  # the store host already left after finishing; there is nobody left to tell
+        self._stop.set()
 
     def name_the_dead_peer(self, fallback: str, wait_s: Optional[float] = None) -> None:
         """After a transfer or a collective failed, let the heartbeats tell whether a peer died: the watching
