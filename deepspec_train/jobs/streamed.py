@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
@@ -70,7 +71,9 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
     return summary
 
 
-def run_target_role(cfg: RecipeConfig, ctx: DistContext, rank: int, topology: Topology, tp_group=None) -> None:
+def run_target_role(
+    cfg: RecipeConfig, ctx: DistContext, rank: int, topology: Topology, tp_group: Optional[dist.ProcessGroup] = None
+) -> None:
     """One target rank: load the data and the target (its shard in a tensor-parallel group ``tp_group``), then
     compute every served drafter's micro-batches; the group's first rank sends them."""
     group = topology.group_of(rank)

@@ -1,9 +1,11 @@
 """The drafter training loop: gradient accumulation over packed micro-batches, clipping, warmup + cosine LR,
 periodic validation and checkpoints, per-position metrics.
 
-The trainer only sees a feature source (``training.feature_source.FeatureSource``: per-step lists of
-``PackedBatch``), a drafter module and the frozen target LM-head weight; it does not know whether features were
-computed in-process or streamed. How gradients meet is the engine's business (``training.local_engine``: one
+The trainer only sees a feature source (``training.feature_source.FeatureSource``: per step, the counts of its
+``PackedBatch`` micro-batches, then the micro-batches one at a time), a drafter module and the frozen target
+LM-head weight; it does not know whether features were computed in-process or streamed. Each micro-batch's loss
+is divided by the step's supervised slots over all drafter ranks before its backward, so the step's gradient is
+the same however the step's micro-batches are split over ranks or messages. How gradients meet is the engine's business (``training.local_engine``: one
 flat all-reduce and torch clipping for ``train.distributed=ddp``; ``training.deepspeed_engine``: ZeRO-2 over the
 drafter ranks); the optimizer, the LR curve and the checkpoint files are the same for both.
 """
