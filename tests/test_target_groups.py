@@ -32,19 +32,19 @@ GROUP = {"topology.target_workers": 2, "topology.target_tp": 2}
 def test_a_group_over_a_moe_target_trains_the_colocated_losses(shallow_moe_world, tmp_path: Path) -> None:
     world = shallow_moe_world
     # The DFlash drafter: no vocabulary-sized Markov factors to train, the transport is what is tested here.
-    steps = {"train.max_steps": 3, "train.global_batch_sequences": 2, "train.eval_every": 3, "target.layer_ids": "[1,2]",
+    steps = {"train.max_steps": 2, "train.global_batch_sequences": 2, "train.eval_every": 2, "target.layer_ids": "[1,2]",
              "drafter.kind": "dflash", "drafter.markov_rank": 0, "drafter.confidence_head": "false"}
     streamed, colocated = tmp_path / "streamed", tmp_path / "colocated"
     args = moe_overrides(world, streamed, **steps, **GROUP, **{"topology.target_tp_plan": "experts"})
     run_ranks(["recipe=qwen3-30b-a3b", *args], 3, tmp_path / "logs", timeout=300)
     run_training(load_recipe("qwen3-30b-a3b", moe_overrides(world, colocated, **steps)))
     expected, got = step_losses(colocated), step_losses(streamed)
-    assert sorted(got) == sorted(expected) == [1, 2, 3]
+    assert sorted(got) == sorted(expected) == [1, 2]
     for step in expected:
         assert abs(got[step] - expected[step]) <= 1e-5 * abs(expected[step]), (step, got[step], expected[step])
     records = [json.loads(line) for line in (streamed / "metrics.jsonl").read_text().splitlines()]
     peaks = [r["stream/peak_bytes_in_flight_group0"] for r in records if "stream/peak_bytes_in_flight_group0" in r]
-    assert len(peaks) == 3 and peaks == sorted(peaks) and peaks[0] > 0
+    assert len(peaks) == 2 and peaks == sorted(peaks) and peaks[0] > 0
     sender_log = (tmp_path / "logs" / "rank0.log").read_text()
     assert "target group 0 (ranks 0-1) done" in sender_log and "MB in flight (stream.depth = 2 micro-batches)" in sender_log
 
