@@ -37,6 +37,7 @@ from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import init_distributed, role_context
+from deepspec_train.training.feature_source import StepBatches
 from deepspec_train.training.trainer import DrafterTrainer
 
 QWEN3_8B = {"d": 4096, "vocab": 151936, "layers": 5, "bytes": 2}
@@ -52,16 +53,24 @@ def _config(argv: list[str]):
     return replace(cfg, train=train, logging=replace(cfg.logging, wandb=False, progress=False))
 
 
+def _keeping(batches, kept: list):
+    for batch in batches:
+        kept.append(batch)
+        yield batch
+
+
 class _Recording:
-    """Wraps a source to keep what it yields (the pre-made features of phase 3)."""
+    """Wraps a source to keep what it yields (the pre-made features of phase 3); micro-batches still reach the
+    trainer one at a time, as they arrive."""
 
     def __init__(self, source):
         self.source, self.kept = source, []
 
     def __iter__(self):
-        for batches in self.source:
-            self.kept.append(batches)
-            yield batches
+        for step in self.source:
+            kept: list = []
+            self.kept.append(kept)
+            yield StepBatches(step.num_batches, step.num_active, step.num_supervised, _keeping(step.batches, kept))
 
     def state_dict(self) -> dict:
         return self.source.state_dict()
@@ -78,7 +87,7 @@ class _Premade:
         self.steps = steps
 
     def __iter__(self):
-        return iter(self.steps)
+        return (StepBatches.of(batches) for batches in self.steps)
 
     def state_dict(self) -> dict:
         return {"epoch": 0, "step_in_epoch": len(self.steps)}
@@ -112,7 +121,7 @@ def main(argv: list[str]) -> None:
         tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
         source = train_source(cfg, data["train"], tap, 0, 1, ctx.device)
         start = time.perf_counter()
-        for _, _batches in zip(range(steps), source):
+        for _, _step in zip(range(steps), source):
             pass
         target_s = time.perf_counter() - start
         dist.barrier()

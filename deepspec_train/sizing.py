@@ -1,6 +1,7 @@
-"""Sizing arithmetic for a production run: stream payload, FLOPs per worker kind, and memory per worker.
+"""Sizing arithmetic for a production run: stream payload, FLOPs and memory per worker, and the split of a
+cluster's GPUs into tensor-parallel target groups and drafter workers.
 
-Used by ``docs/train_qwen3_8b.md`` (its sizing table is printed by ``python -m deepspec_train.sizing``) and by
+Used by ``docs/train_qwen3_8b.md`` (its sizing tables are printed by ``python -m deepspec_train.sizing``) and by
 ``tests/test_production_recipes.py``. Everything is computed for a *nominal packing*: ``num_sequences``
 sequences of ``seq_len`` tokens, fully supervised, each with ``anchors`` anchors spread evenly over the valid
 range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly always does with 512 anchors).
@@ -10,18 +11,22 @@ range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly alway
   plus the int64 metadata. The per-message header and layout of the wire format (a few hundred bytes) are
   not counted.
 - FLOP counts are the usual dense-matmul estimates: ``2`` FLOPs per multiply-add, backward twice forward,
-  attention ``4 * heads * head_dim`` per (query, visible key) pair forward.
+  attention ``4 * heads * head_dim`` per (query, visible key) pair forward. A mixture-of-experts target
+  multiplies only its routed experts (``num_experts_per_tok`` of ``num_experts``) and the router per token.
+- Splits (``best_streamed_split``) follow the streamed mode's routing (``streaming.roles``) with strided,
+  possibly uneven drafter shares; a tensor-parallel group of ``k`` GPUs is assumed to run ``k`` times as fast
+  as one GPU (communication not modelled) and never spans nodes.
 """
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 
+from deepspec_train.config.rules import tensor_parallel_problems
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry
@@ -36,6 +41,17 @@ _INT_FIELDS_PER_SEQUENCE = 1  # sample_ids
 # Adam in fp32: parameter, gradient, first and second moment.
 TRAINABLE_BYTES_PER_PARAM = 16
 FROZEN_BYTES_PER_PARAM = 4
+TARGET_BYTES_PER_PARAM = 2  # bf16 checkpoints
+
+# H100 SXM dense bf16 peak (989 TFLOP/s) at 40% utilisation: the assumption behind the docs' tables.
+ASSUMED_FLOPS_PER_S = 0.4 * 989e12
+GPUS_PER_NODE = 8
+GPU_BYTES = 80e9
+# Rough working sets beyond persistent state (estimates, not measured): a drafter's activations for a
+# 16,384-token micro-batch under bf16 autocast plus the chunked loss; a target rank's no-grad forward.
+DRAFTER_ACTIVATION_BYTES = 12e9
+TARGET_FORWARD_BYTES = 2e9
+TP_SIZES = (1, 2, 4, 8)
 
 
 def feature_bytes_per_value(cfg: RecipeConfig) -> int:
@@ -74,6 +90,8 @@ class PayloadBytes:
     supervised: int
     feature_bytes: int
     metadata_bytes: int
+    # The largest single micro-batch: what one stream message carries.
+    largest_micro_batch_bytes: int
 
     @property
     def total_bytes(self) -> int:
@@ -100,48 +118,132 @@ def payload_bytes(
         cfg.anchors.token_budget,
         cfg.train.micro_batch_sequences,
     )
-    groups = [group for micro_batch in plan for group in micro_batch]
-    context_rows = sum(int(group.anchors.max()) for group in groups)
-    blocks = num_sequences * len(anchor_list)
-    supervised = num_sequences * sum(supervised_slots(a, seq_len, block, cfg.drafter.labels) for a in anchor_list)
-    value_bytes = feature_bytes_per_value(cfg)
-    d = geometry.hidden_size
-    feature = value_bytes * (context_rows * len(cfg.target.layer_ids) * d + supervised * d)
-    metadata = INT64_BYTES * (
-        _INT_FIELDS_PER_CONTEXT_ROW * context_rows
-        + _INT_FIELDS_PER_SLOT * blocks * block
-        + _INT_FIELDS_PER_BLOCK * blocks
-        + _INT_FIELDS_PER_SEQUENCE * len(groups)
-    )
-    return PayloadBytes(len(plan), len(groups), context_rows, blocks, supervised, feature, metadata)
+    value_bytes, taps, d = feature_bytes_per_value(cfg), len(cfg.target.layer_ids), geometry.hidden_size
+    totals = [0] * 6
+    largest = 0
+    for micro_batch in plan:
+        rows = sum(int(group.anchors.max()) for group in micro_batch)
+        blocks = sum(int(group.anchors.numel()) for group in micro_batch)
+        supervised = sum(
+            supervised_slots(int(a), seq_len, block, cfg.drafter.labels) for group in micro_batch for a in group.anchors
+        )
+        feature = value_bytes * (rows * taps * d + supervised * d)
+        metadata = INT64_BYTES * (
+            _INT_FIELDS_PER_CONTEXT_ROW * rows + _INT_FIELDS_PER_SLOT * blocks * block
+            + _INT_FIELDS_PER_BLOCK * blocks + _INT_FIELDS_PER_SEQUENCE * len(micro_batch)
+        )
+        for i, value in enumerate((len(micro_batch), rows, blocks, supervised, feature, metadata)):
+            totals[i] += value
+        largest = max(largest, feature + metadata)
+    return PayloadBytes(len(plan), *totals, largest)
 
 
-def target_decoder_params(hf_config: Any) -> int:
-    """Parameters a target forward multiplies per token: decoder layers and final norm (no embedding, no LM
-    head: target workers stop at the final norm; logits are computed by drafter workers, and only there)."""
+def stream_bytes_in_flight(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: int) -> int:
+    """The most a target group's send queue holds with nominal sequences: ``stream.depth`` queued micro-batches
+    plus the one being sent (the queue is bounded in micro-batches, ``streaming.target_worker``)."""
+    payload = payload_bytes(cfg, geometry, cfg.train.micro_batch_sequences, seq_len, cfg.anchors.num_per_sequence)
+    return (cfg.stream.depth + 1) * payload.largest_micro_batch_bytes
+
+
+def _sparse_layers(hf_config: Any) -> list[bool]:
+    """Per decoder layer: whether it is a mixture-of-experts layer (Qwen3-MoE's rule; dense targets: none)."""
+    experts = getattr(hf_config, "num_experts", 0) or 0
+    step = getattr(hf_config, "decoder_sparse_step", 1) or 1
+    dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
+    return [bool(experts) and i not in dense and (i + 1) % step == 0 for i in range(hf_config.num_hidden_layers)]
+
+
+def _decoder_params(hf_config: Any, active: bool) -> int:
     d = hf_config.hidden_size
     hd = getattr(hf_config, "head_dim", None) or d // hf_config.num_attention_heads
     q, kv = hf_config.num_attention_heads * hd, hf_config.num_key_value_heads * hd
     attention = d * q + 2 * d * kv + q * d + 2 * hd
-    mlp = 3 * d * hf_config.intermediate_size
-    return hf_config.num_hidden_layers * (attention + mlp + 2 * d) + d
+    total = d
+    for sparse in _sparse_layers(hf_config):
+        if sparse:
+            experts = hf_config.num_experts_per_tok if active else hf_config.num_experts
+            mlp = experts * 3 * d * hf_config.moe_intermediate_size + d * hf_config.num_experts
+        else:
+            mlp = 3 * d * hf_config.intermediate_size
+        total += attention + mlp + 2 * d
+    return total
+
+
+def target_decoder_params(hf_config: Any) -> int:
+    """Parameters of the decoder layers and final norm (every expert of a MoE target): what a target holds
+    besides its embedding and LM head (target workers stop at the final norm; logits are computed by drafter
+    workers, and only there)."""
+    return _decoder_params(hf_config, active=False)
+
+
+def target_active_decoder_params(hf_config: Any) -> int:
+    """Decoder parameters one token is multiplied with: a MoE layer counts its router and routed experts only."""
+    return _decoder_params(hf_config, active=True)
 
 
 def target_total_params(hf_config: Any) -> int:
-    """All target parameters (what a target worker holds): decoder, embedding, and an untied LM head."""
+    """All target parameters: decoder, embedding, and an untied LM head."""
     embed = hf_config.vocab_size * hf_config.hidden_size
     head = 0 if hf_config.tie_word_embeddings else embed
     return target_decoder_params(hf_config) + embed + head
 
 
+def target_attention_params(hf_config: Any) -> int:
+    """Parameters of the attention blocks (projections and q/k norms) of all decoder layers."""
+    d = hf_config.hidden_size
+    hd = getattr(hf_config, "head_dim", None) or d // hf_config.num_attention_heads
+    q, kv = hf_config.num_attention_heads * hd, hf_config.num_key_value_heads * hd
+    return hf_config.num_hidden_layers * (d * q + 2 * d * kv + q * d + 2 * hd)
+
+
 def target_flops_per_sequence(hf_config: Any, seq_len: int) -> float:
     """Forward FLOPs of the target over one causal sequence (matmuls + attention scores and values)."""
     hd = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    linear = 2 * target_decoder_params(hf_config) * seq_len
+    linear = 2 * target_active_decoder_params(hf_config) * seq_len
     # Query i sees i+1 keys: sum over the sequence = L(L+1)/2 pairs per layer.
     pairs = seq_len * (seq_len + 1) / 2
     attention = 4 * hf_config.num_attention_heads * hd * pairs * hf_config.num_hidden_layers
     return linear + attention
+
+
+def target_attention_flops_per_sequence(hf_config: Any, seq_len: int) -> float:
+    """The part of ``target_flops_per_sequence`` spent in attention (projections, scores and values)."""
+    hd = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    pairs = seq_len * (seq_len + 1) / 2
+    scores = 4 * hf_config.num_attention_heads * hd * pairs * hf_config.num_hidden_layers
+    return 2 * target_attention_params(hf_config) * seq_len + scores
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One replica of the target on a tensor-parallel group of ``tp`` GPUs with ``topology.target_tp_plan``
+    ``plan``: bf16 weights and forward FLOPs per sequence on each of its ranks."""
+
+    tp: int
+    plan: str
+    rank_weight_bytes: float
+    rank_flops: float
+
+
+def group_plans(hf_config: Any, seq_len: int) -> list[GroupPlan]:
+    """Every group a node can hold for this target: ``tp`` in ``TP_SIZES`` with the ``auto`` plan where the heads
+    split (everything sharded ``tp`` ways: transformers' plan also splits the embedding and LM head by
+    vocabulary), else the ``experts`` plan where the target has experts that split (attention replicated)."""
+    config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(vars(hf_config))
+    total = TARGET_BYTES_PER_PARAM * target_total_params(hf_config)
+    flops = target_flops_per_sequence(hf_config, seq_len)
+    plans = []
+    for tp in TP_SIZES:
+        if tp > GPUS_PER_NODE:
+            continue
+        if not tensor_parallel_problems(config, tp, "auto"):
+            plans.append(GroupPlan(tp, "auto", total / tp, flops / tp))
+        elif not tensor_parallel_problems(config, tp, "experts"):
+            attention = TARGET_BYTES_PER_PARAM * target_attention_params(hf_config)
+            attention_flops = target_attention_flops_per_sequence(hf_config, seq_len)
+            plans.append(GroupPlan(tp, "experts", attention + (total - attention) / tp,
+                                   attention_flops + (flops - attention_flops) / tp))
+    return plans
 
 
 def drafter_flops_per_sequence(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: int, anchors: int) -> float:
@@ -153,49 +255,77 @@ def drafter_flops_per_sequence(cfg: RecipeConfig, geometry: DrafterGeometry, seq
     return kind_spec(cfg.drafter.kind).flops_per_sequence(cfg, geometry, anchor_list, supervised)
 
 
-@dataclass(frozen=True)
-class ThroughputSplit:
-    """Per-worker throughput in sequences/s and a target:drafter split of the GPUs.
+def drafter_shares(global_batch: int, drafters: int) -> list[int]:
+    """Sequences per step of each drafter rank (strided shares: they differ by at most one)."""
+    return [len(range(i, global_batch, drafters)) for i in range(drafters)]
 
-    ``sequences_per_s`` follows the streamed mode's routing (``deepspec_train.streaming.roles``): with
-    ``T <= D`` a target feeds ``ceil(D / T)`` drafters; with ``T > D`` drafter ``i`` takes turns between its
-    ``floor`` or ``ceil(T / D)`` targets. Drafters step together (gradient all-reduce), so the slowest one sets
-    the pace.
+
+@dataclass(frozen=True)
+class StreamedSplit:
+    """``groups`` target groups of ``tp`` GPUs each and ``drafters`` drafter workers, with per-worker rates in
+    sequences/s (a group: ``tp`` GPUs' worth), for a global batch of ``global_batch`` sequences per step.
+
+    ``sequences_per_s`` follows the streamed routing (``streaming.roles``): with ``G <= D`` group ``g`` computes
+    the shares of drafters ``i = g (mod G)``; with ``G > D`` drafter ``i``'s ``n_i`` groups take turns. Drafters
+    step together (gradient all-reduce), so the slowest side of the slowest worker sets the step time.
     """
 
-    target_sequences_per_s: float
+    group_sequences_per_s: float
     drafter_sequences_per_s: float
-    target_workers: int
-    drafter_workers: int
+    groups: int
+    tp: int
+    drafters: int
+    global_batch: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.groups}x{self.tp}:{self.drafters}" if self.tp > 1 else f"{self.groups}:{self.drafters}"
+
+    @property
+    def gpus(self) -> int:
+        return self.groups * self.tp + self.drafters
+
+    @property
+    def step_seconds(self) -> float:
+        shares = drafter_shares(self.global_batch, self.drafters)
+        drafter = max(shares) / self.drafter_sequences_per_s
+        if self.groups <= self.drafters:
+            work = [sum(shares[g :: self.groups]) for g in range(self.groups)]
+            target = max(work) / self.group_sequences_per_s
+        else:
+            feeders = [len(range(i, self.groups, self.drafters)) for i in range(self.drafters)]
+            target = max(s / (n * self.group_sequences_per_s) for s, n in zip(shares, feeders))
+        return max(drafter, target)
 
     @property
     def sequences_per_s(self) -> float:
-        t, d = self.target_workers, self.drafter_workers
-        if t <= d:
-            fed = self.target_sequences_per_s / math.ceil(d / t)
-        else:
-            fed = self.target_sequences_per_s * (t // d)
-        return d * min(fed, self.drafter_sequences_per_s)
+        return self.global_batch / self.step_seconds
 
 
 def balance_workers(
-    target_flops: float, drafter_flops: float, gpus: int, flops_per_s: float, global_batch: Optional[int] = None
-) -> ThroughputSplit:
-    """The split of ``gpus`` into target and drafter workers with the highest sustained sequence rate; the
-    drafter count must divide ``global_batch`` (sequences per step are split evenly over drafter ranks)."""
-    target_rate, drafter_rate = flops_per_s / target_flops, flops_per_s / drafter_flops
-    best: Optional[ThroughputSplit] = None
-    for targets in range(1, gpus):
-        drafters = gpus - targets
-        if global_batch is not None and global_batch % drafters:
-            continue
-        split = ThroughputSplit(target_rate, drafter_rate, targets, drafters)
-        # Ties go to fewer target workers (less memory held by frozen weights).
-        if best is None or split.sequences_per_s > best.sequences_per_s * (1 + 1e-9):
-            best = split
+    group_rates: dict[int, float], drafter_rate: float, gpus: int, global_batch: int
+) -> StreamedSplit:
+    """The split of ``gpus`` into target groups and drafter workers with the highest sustained sequence rate.
+    ``group_rates``: for each group size ``tp`` a node can hold, one group's sequences/s; ``drafter_rate``: one
+    drafter worker's. Ties go to fewer target GPUs (less memory held by frozen weights)."""
+    best: Optional[StreamedSplit] = None
+    for tp, rate in sorted(group_rates.items()):
+        for groups in range(1, (gpus - 1) // tp + 1):
+            split = StreamedSplit(rate, drafter_rate, groups, tp, gpus - groups * tp, global_batch)
+            better = best is None or split.sequences_per_s > best.sequences_per_s * (1 + 1e-9)
+            tie = best is not None and abs(split.sequences_per_s - best.sequences_per_s) <= best.sequences_per_s * 1e-9
+            if better or (tie and split.groups * split.tp < best.groups * best.tp):
+                best = split
     if best is None:
-        raise ValueError(f"no split of {gpus} GPUs has a drafter count dividing the global batch {global_batch}")
+        raise ValueError(f"no split of {gpus} GPUs leaves room for a target group of {min(group_rates)} and a drafter")
     return best
+
+
+def colocated_sequences_per_s(target_flops: float, drafter_flops: float, gpus: int, flops_per_s: float,
+                              global_batch: int) -> float:
+    """Every GPU runs the target and its drafter share; the largest share sets the step time."""
+    largest = max(drafter_shares(global_batch, gpus))
+    return global_batch / (largest * (target_flops + drafter_flops) / flops_per_s)
 
 
 def drafter_worker_bytes(drafter: torch.nn.Module, target_head_params: int) -> int:
@@ -206,19 +336,22 @@ def drafter_worker_bytes(drafter: torch.nn.Module, target_head_params: int) -> i
     return TRAINABLE_BYTES_PER_PARAM * trainable + FROZEN_BYTES_PER_PARAM * frozen + 2 * target_head_params
 
 
-# H100 SXM dense bf16 peak (989 TFLOP/s) at 40% utilisation: the assumption behind the docs' tables.
-ASSUMED_FLOPS_PER_S = 0.4 * 989e12
-GPUS_PER_NODE = 8
+def target_working_bytes(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: int) -> float:
+    """A target rank's memory beyond its weights: the forward, the tapped features of one chunk of
+    ``train.micro_batch_sequences`` sequences, and the stream's micro-batches in flight."""
+    features = cfg.train.micro_batch_sequences * seq_len * (len(cfg.target.layer_ids) + 1) * geometry.hidden_size
+    return TARGET_FORWARD_BYTES + feature_bytes_per_value(cfg) * features + stream_bytes_in_flight(cfg, geometry, seq_len)
 
 
-def reference_target_config(cfg: RecipeConfig) -> Any:
-    """The published config of the recipe's target, named by its ``target.path`` directory (``models/Qwen3-8B``)."""
-    from deepspec_train.models.reference_configs import qwen3_reference_configs
+def reference_target_config(cfg: RecipeConfig, name: Optional[str] = None) -> Any:
+    """The published config of the recipe's target (named by its ``target.path`` directory, ``models/Qwen3-8B``),
+    or of the target ``name``."""
+    from deepspec_train.models.reference_configs import reference_configs
 
-    name = Path(cfg.target.path).name
-    configs = qwen3_reference_configs()
+    name = name or Path(cfg.target.path).name
+    configs = reference_configs()
     if name not in configs:
-        raise KeyError(f"no reference config for target {cfg.target.path!r}; known: {sorted(configs)}")
+        raise KeyError(f"no reference config for target {name!r}; known: {sorted(configs)}")
     return configs[name]
 
 
@@ -232,36 +365,105 @@ def meta_drafter(cfg: RecipeConfig, hf_config: Any) -> torch.nn.Module:
         return build_drafter_for_geometry(cfg, geometry)
 
 
-def sizing_row(recipe: str, seq_len: int, flops_per_s: float = ASSUMED_FLOPS_PER_S) -> dict[str, float]:
-    """One line of the docs' sizing table for ``recipe`` at nominal sequence length ``seq_len``."""
+def _recipe_and_target(recipe: str, target: Optional[str]) -> tuple[RecipeConfig, Any]:
+    """The recipe, its taps moved to ``target``'s (when given, for a target without a recipe), and the config."""
+    import dataclasses
+
     from deepspec_train.config.loader import load_recipe
-    from deepspec_train.models.geometry import geometry_from_target_config
+    from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 
     cfg = load_recipe(recipe, check_target=False)
-    hf_config = reference_target_config(cfg)
+    if target is not None:
+        cfg = dataclasses.replace(cfg, target=dataclasses.replace(cfg.target, layer_ids=REFERENCE_LAYER_IDS[target]))
+    return cfg, reference_target_config(cfg, target)
+
+
+def sizing_row(recipe: str, seq_len: int, flops_per_s: float = ASSUMED_FLOPS_PER_S) -> dict[str, Any]:
+    """One line of the docs' per-recipe table for ``recipe`` at nominal sequence length ``seq_len`` (one node)."""
+    from deepspec_train.models.geometry import geometry_from_target_config
+
+    cfg, hf_config = _recipe_and_target(recipe, None)
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
     drafter = meta_drafter(cfg, hf_config)
     anchors = cfg.anchors.num_per_sequence
     target_flops = target_flops_per_sequence(hf_config, seq_len)
     drafter_flops = drafter_flops_per_sequence(cfg, geometry, seq_len, anchors)
-    split = balance_workers(target_flops, drafter_flops, GPUS_PER_NODE, flops_per_s, cfg.train.global_batch_sequences)
+    batch = cfg.train.global_batch_sequences
+    split = balance_workers({1: flops_per_s / target_flops}, flops_per_s / drafter_flops, GPUS_PER_NODE, batch)
     payload = payload_bytes(cfg, geometry, 1, seq_len, anchors)
     return {
         "target_tok_s": flops_per_s / target_flops * seq_len,
         "drafter_tok_s": flops_per_s / drafter_flops * seq_len,
         "drafter_per_target": drafter_flops / target_flops,
-        "colocated_seq_s_node": GPUS_PER_NODE * flops_per_s / (target_flops + drafter_flops),
-        "best_split": f"{split.target_workers}:{split.drafter_workers}",
+        "colocated_seq_s_node": colocated_sequences_per_s(target_flops, drafter_flops, GPUS_PER_NODE, flops_per_s, batch),
+        "best_split": split.label,
         "split_seq_s_node": split.sequences_per_s,
-        "target_weights_gb": 2 * target_total_params(hf_config) / 1e9,
+        "target_weights_gb": TARGET_BYTES_PER_PARAM * target_total_params(hf_config) / 1e9,
         "drafter_state_gb": drafter_worker_bytes(drafter, hf_config.vocab_size * hf_config.hidden_size) / 1e9,
         "payload_mb_per_seq": payload.total_bytes / 1e6,
         "payload_bytes_per_supervised": payload.bytes_per_supervised_token,
     }
 
 
+def cluster_row(recipe: str, target: Optional[str], nodes: int, seq_len: int,
+                flops_per_s: float = ASSUMED_FLOPS_PER_S) -> dict[str, Any]:
+    """Colocated against the best streamed split with tensor-parallel target groups, on ``nodes`` nodes of
+    ``GPUS_PER_NODE`` 80 GB GPUs, with the memory each needs per GPU (``target``: a target without a recipe,
+    trained with ``recipe``'s drafter)."""
+    from deepspec_train.models.geometry import geometry_from_target_config
+
+    cfg, hf_config = _recipe_and_target(recipe, target)
+    geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
+    drafter_gb = drafter_worker_bytes(meta_drafter(cfg, hf_config), hf_config.vocab_size * hf_config.hidden_size)
+    drafter_need = drafter_gb + DRAFTER_ACTIVATION_BYTES
+    target_work = target_working_bytes(cfg, geometry, seq_len)
+    target_flops = target_flops_per_sequence(hf_config, seq_len)
+    drafter_flops = drafter_flops_per_sequence(cfg, geometry, seq_len, cfg.anchors.num_per_sequence)
+    gpus, batch = nodes * GPUS_PER_NODE, cfg.train.global_batch_sequences
+    weights = TARGET_BYTES_PER_PARAM * target_total_params(hf_config)
+    colocated_need = weights + target_work + drafter_need
+    row: dict[str, Any] = {
+        "target": target or Path(cfg.target.path).name, "nodes": nodes, "seq_len": seq_len,
+        "target_weights_gb": weights / 1e9, "drafter_gb": drafter_need / 1e9, "colocated_gb": colocated_need / 1e9,
+        "colocated_seq_s_node": "does not fit",
+        "best_split": "none fits", "plan": "-", "split_seq_s_node": "-", "target_rank_gb": "-",
+        "in_flight_mb": stream_bytes_in_flight(cfg, geometry, seq_len) / 1e6,
+    }
+    if colocated_need <= GPU_BYTES:
+        row["colocated_seq_s_node"] = colocated_sequences_per_s(target_flops, drafter_flops, gpus, flops_per_s, batch) / nodes
+    # The fastest plan of each group size whose ranks fit (groups of one hold the whole target).
+    plans = {}
+    for plan in group_plans(hf_config, seq_len):
+        if plan.rank_weight_bytes + target_work <= GPU_BYTES and plan.tp < gpus:
+            plans.setdefault(plan.tp, plan)
+    if plans and drafter_need <= GPU_BYTES:
+        split = balance_workers(
+            {tp: flops_per_s / plan.rank_flops for tp, plan in plans.items()}, flops_per_s / drafter_flops, gpus, batch
+        )
+        chosen = plans[split.tp]
+        row.update(best_split=split.label, plan=chosen.plan, split_seq_s_node=split.sequences_per_s / nodes,
+                   target_rank_gb=(chosen.rank_weight_bytes + target_work) / 1e9)
+    return row
+
+
+def _print_table(columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
+    print("| " + " | ".join(title for _, title in columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row in rows:
+        cells = [f"{row[key]:,.1f}" if isinstance(row[key], float) else str(row[key]) for key, _ in columns]
+        print("| " + " | ".join(cells) + " |")
+
+
+# The cluster table's targets: (recipe whose drafter trains, target without a recipe of its own or None).
+CLUSTER_TARGETS = [
+    ("qwen3-8b", None), ("qwen3-14b", None), ("qwen3-8b", "Qwen3-32B"), ("qwen3-30b-a3b", None),
+    ("qwen3-235b-a22b", None),
+]
+
+
 def main() -> None:
-    """Print the docs' sizing table (markdown) for every production recipe at 1024, 2048 and 4096 tokens."""
+    """Print the docs' two sizing tables (markdown): every dense production recipe on one node at 1024, 2048 and
+    4096 tokens, then colocated against streamed splits with TP groups for the large targets on 1, 2, 4 nodes."""
     columns = [
         ("recipe", "recipe"), ("seq_len", "L"), ("target_tok_s", "target tok/s"), ("drafter_tok_s", "drafter tok/s"),
         ("drafter_per_target", "drafter/target FLOPs"), ("colocated_seq_s_node", "colocated seq/s/node"),
@@ -269,15 +471,23 @@ def main() -> None:
         ("drafter_state_gb", "drafter GB"), ("payload_mb_per_seq", "payload MB/seq"),
         ("payload_bytes_per_supervised", "B/supervised tok"),
     ]
-    print("| " + " | ".join(title for _, title in columns) + " |")
-    print("|" + "---|" * len(columns))
+    rows = []
     for size in ("4b", "8b", "14b"):
         for variant in ("", "-dflash", "-eagle3"):
             for seq_len in (1024, 2048, 4096):
-                row: dict[str, Any] = {"recipe": f"qwen3-{size}{variant}", "seq_len": seq_len}
-                row.update(sizing_row(row["recipe"], seq_len))
-                cells = [f"{row[key]:,.1f}" if isinstance(row[key], float) else str(row[key]) for key, _ in columns]
-                print("| " + " | ".join(cells) + " |")
+                recipe = f"qwen3-{size}{variant}"
+                rows.append({"recipe": recipe, "seq_len": seq_len} | sizing_row(recipe, seq_len))
+    _print_table(columns, rows)
+    print()
+    columns = [
+        ("target", "target"), ("nodes", "nodes"), ("seq_len", "L"), ("target_weights_gb", "target GB"),
+        ("colocated_gb", "colocated GB/GPU"), ("colocated_seq_s_node", "colocated seq/s/node"),
+        ("best_split", "best G x TP : D"), ("plan", "TP plan"), ("split_seq_s_node", "streamed seq/s/node"),
+        ("target_rank_gb", "target rank GB"), ("drafter_gb", "drafter GB"), ("in_flight_mb", "stream MB in flight"),
+    ]
+    _print_table(columns, [
+        cluster_row(recipe, target, nodes, 2048) for recipe, target in CLUSTER_TARGETS for nodes in (1, 2, 4)
+    ])
 
 
 if __name__ == "__main__":

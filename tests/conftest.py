@@ -1,6 +1,6 @@
-"""Shared fixtures: the session's tiny world (built once with the `test` preset), the random-weight world of the
-multi-process streaming tests, one torch thread for the modules that decode with tiny models, and the `gpu`
-skip rule.
+"""Shared fixtures: the session's tiny world (built once with the `test` preset), the random-weight worlds of the
+multi-process streaming tests and of the mixture-of-experts tests, one torch thread for the modules that decode
+with tiny models, and the `gpu` skip rule.
 
 Set DEEPSPEC_TINYWORLD_DIR to a tiny world built earlier (`deepspec tinyworld build --preset test --out DIR`)
 to skip the build while iterating locally; CI always builds a fresh one.
@@ -68,3 +68,20 @@ def streaming_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     from tests.streaming_helpers import build_world
 
     return build_world(tmp_path_factory.mktemp("streaming_world"))
+
+
+@pytest.fixture(scope="session")
+def moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The Qwen3-30B-A3B scale target, train / validation JSONL and shard cache of the mixture-of-experts tests
+    (see ``tests/moe_world.py``)."""
+    from tests.moe_world import build_moe_world
+
+    return build_moe_world(tmp_path_factory.mktemp("moe_world"))
+
+
+@pytest.fixture(scope="session")
+def shallow_moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """``moe_world`` with a 4-layer target: the multi-process tests load it once per rank."""
+    from tests.moe_world import build_moe_world
+
+    return build_moe_world(tmp_path_factory.mktemp("shallow_moe_world"), num_hidden_layers=4)

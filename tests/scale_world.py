@@ -35,9 +35,13 @@ TRAIN_CONVERSATIONS = 6
 VALIDATION_CONVERSATIONS = 2
 
 SCALE_TIER: dict[str, str] = {
-    f"qwen3-{size}{variant}": target
-    for size, target in (("4b", "Qwen3-4B"), ("8b", "Qwen3-8B"), ("14b", "Qwen3-14B"))
-    for variant in ("", "-dflash", "-eagle3")
+    **{
+        f"qwen3-{size}{variant}": target
+        for size, target in (("4b", "Qwen3-4B"), ("8b", "Qwen3-8B"), ("14b", "Qwen3-14B"))
+        for variant in ("", "-dflash", "-eagle3")
+    },
+    "qwen3-30b-a3b": "Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen3-235B-A22B",
 }
 
 

@@ -4,7 +4,7 @@
 Builds a tiny world on disk (the random 2-layer chat model of ``tiny_random_model`` plus a few JSONL
 conversations) and launches ``train.py`` as a set of ranks the way Slurm's ``srun`` would: one plain process per
 rank with ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` set and no supervising agent, so a test
-can kill one rank and watch how the others react.
+can kill or stop one rank and watch how the others react (``fail_one_rank_mid_run``).
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.tiny_random_model import save_tiny_chat_model
@@ -117,6 +119,32 @@ def wait_all(procs: list[subprocess.Popen], timeout: float) -> list[int]:
             proc.kill()
             codes.append(proc.wait())
     return codes
+
+
+def fail_one_rank_mid_run(
+    args: list[str], world_size: int, victim: int, out: Path, timeout_s: float, how: signal.Signals = signal.SIGKILL
+):
+    """Start ``train.py *args`` as ``world_size`` ranks writing to ``out``, send rank ``victim`` the signal ``how``
+    (kill, or stop) once two steps are logged and wait for the others; returns (their exit codes, seconds from the
+    signal until the last left, every rank's log)."""
+    procs = start_ranks(["train.py", *args], world_size, out / "logs")
+    survivors = [p for r, p in enumerate(procs) if r != victim]
+    try:
+        deadline = time.monotonic() + 240
+        while len(step_losses(out)) < 2:
+            assert time.monotonic() < deadline, read_logs(out / "logs", world_size)
+            assert all(p.poll() is None for p in procs), read_logs(out / "logs", world_size)
+            time.sleep(0.2)
+        procs[victim].send_signal(how)
+        failed_at = time.monotonic()
+        codes = wait_all(survivors, timeout=timeout_s + 15)
+        elapsed = time.monotonic() - failed_at
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return codes, elapsed, read_logs(out / "logs", world_size)
 
 
 def read_logs(log_dir: Path, world_size: int) -> str:

@@ -6,12 +6,11 @@ all-reduce, the other drafter names it as dead instead of failing with a traceba
 from __future__ import annotations
 
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.streaming_helpers import read_logs, recipe_overrides, start_ranks, step_losses, wait_all
+from tests.streaming_helpers import fail_one_rank_mid_run, recipe_overrides
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow
@@ -25,23 +24,7 @@ def fail_a_rank(world: dict, tmp_path: Path, how: signal.Signals, rank: int = 0)
         world, tmp_path, **{"topology.target_workers": 1, "train.max_steps": 100000,
                             "stream.timeout_s": TIMEOUT_S, "train.eval_every": 100000}
     )
-    procs = start_ranks(["train.py", *args], 3, tmp_path / "logs")
-    try:
-        deadline = time.monotonic() + 240
-        while len(step_losses(tmp_path)) < 2:
-            assert time.monotonic() < deadline, read_logs(tmp_path / "logs", 3)
-            assert all(p.poll() is None for p in procs), read_logs(tmp_path / "logs", 3)
-            time.sleep(0.2)
-        procs[rank].send_signal(how)
-        failed_at = time.monotonic()
-        codes = wait_all([p for r, p in enumerate(procs) if r != rank], timeout=TIMEOUT_S + 15)
-        elapsed = time.monotonic() - failed_at
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return codes, elapsed, read_logs(tmp_path / "logs", 3)
+    return fail_one_rank_mid_run(args, 3, rank, tmp_path, TIMEOUT_S, how)
 
 
 def error_lines(log_dir: Path, rank: int) -> list[str]:

@@ -8,7 +8,9 @@ import torch
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.parallel_drafter import ParallelDrafter
-from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
+from deepspec_train.models.reference_configs import (
+    REFERENCE_LAYER_IDS, evenly_spaced_layer_ids, qwen3_reference_configs, reference_configs,
+)
 
 CONFIGS = qwen3_reference_configs()
 
@@ -72,6 +74,7 @@ def test_reference_configs_match_published_sizes():
         "Qwen3-4B": (2560, 36, 32, 9728),
         "Qwen3-8B": (4096, 36, 32, 12288),
         "Qwen3-14B": (5120, 40, 40, 17408),
+        "Qwen3-32B": (5120, 64, 64, 25600),
     }
     assert CONFIGS["Qwen3-4B"].tie_word_embeddings and not CONFIGS["Qwen3-8B"].tie_word_embeddings
     for name, cfg in CONFIGS.items():
@@ -79,6 +82,8 @@ def test_reference_configs_match_published_sizes():
         assert (geometry.num_key_value_heads, geometry.head_dim, geometry.vocab_size) == (8, 128, 151936)
         assert geometry.rope_theta == 1e6
         assert max(REFERENCE_LAYER_IDS[name]) == cfg.num_hidden_layers - 3
+    for name, layer_ids in REFERENCE_LAYER_IDS.items():
+        assert layer_ids == evenly_spaced_layer_ids(reference_configs()[name].num_hidden_layers)
 
 
 def test_geometry_reads_legacy_rope_theta_and_mlp_override():

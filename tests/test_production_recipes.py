@@ -1,9 +1,11 @@
-"""Production recipes (Qwen3-4B/8B/14B x DSpark/DFlash/EAGLE-3) and the sizing arithmetic behind their docs.
+"""Production recipes (Qwen3-4B/8B/14B x DSpark/DFlash/EAGLE-3, DSpark for the mixture-of-experts Qwen3-30B-A3B
+and Qwen3-235B-A22B) and the sizing arithmetic behind their docs.
 
-Every recipe validates with DESIGN.md's values, its drafter instantiates on the meta device from the target's
-published config, and ``deepspec_train.sizing`` is checked against brute force: payload bytes against the
-tensors ``pack_sequences`` builds, target parameter counts against a ``Qwen3ForCausalLM`` on the meta device,
-target FLOPs against ``torch.utils.flop_counter``.
+Every recipe validates with the design values, its drafter instantiates on the meta device from the target's
+published config, its topology launches on the nodes its Slurm line names, and ``deepspec_train.sizing`` is
+checked against brute force: payload bytes against the tensors ``pack_sequences`` builds, target parameter
+counts against ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` on the meta device, target FLOPs (dense and routed
+experts) against ``torch.utils.flop_counter``, split rates against the routing worked out by hand.
 """
 
 from __future__ import annotations
@@ -14,20 +16,27 @@ from pathlib import Path
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from deepspec_train.config.loader import load_recipe
+from deepspec_train.config.rules import launch_problems, tensor_parallel_problems
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.models.geometry import geometry_from_target_config
-from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
+from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs, reference_configs
 from deepspec_train.models.scale_targets import scale_target_config, shrink_dense_qwen3
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.sizing import (
+    StreamedSplit,
     balance_workers,
+    cluster_row,
+    group_plans,
     meta_drafter,
     nominal_anchors,
     payload_bytes,
     reference_target_config,
+    stream_bytes_in_flight,
+    target_active_decoder_params,
+    target_attention_params,
     target_decoder_params,
     target_flops_per_sequence,
     target_total_params,
@@ -35,11 +44,20 @@ from deepspec_train.sizing import (
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"4b": "Qwen3-4B", "8b": "Qwen3-8B", "14b": "Qwen3-14B"}
-RECIPES = [f"qwen3-{size}{variant}" for size in SIZES for variant in ("", "-dflash", "-eagle3")]
+MOE_RECIPES = {"qwen3-30b-a3b": "Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen3-235B-A22B"}
+RECIPES = [f"qwen3-{size}{variant}" for size in SIZES for variant in ("", "-dflash", "-eagle3")] + list(MOE_RECIPES)
 
 
 def _model_name(recipe: str) -> str:
-    return SIZES[recipe.split("-")[1]]
+    return MOE_RECIPES.get(recipe) or SIZES[recipe.split("-")[1]]
+
+
+def _nodes(recipe: str) -> int:
+    """The node count of the recipe's Slurm line (``# Slurm: sbatch --nodes=N ...``; a colocated recipe's ``N``
+    means any count: 1 is checked)."""
+    slurm = (REPO / "recipes" / f"{recipe}.yaml").read_text().splitlines()[1]
+    count = slurm.split("--nodes=")[1].split()[0]
+    return 1 if count == "N" else int(count)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -49,7 +67,7 @@ def test_recipe_has_design_values(recipe: str) -> None:
     assert path.read_text().splitlines()[0] == f"# Launch: accelerate launch train.py recipe={recipe}"
     assert cfg.run.name == recipe
     name = _model_name(recipe)
-    num_layers = qwen3_reference_configs()[name].num_hidden_layers
+    num_layers = reference_configs()[name].num_hidden_layers
     assert Path(cfg.target.path).name == name
     assert cfg.drafter.block_size == 7 and cfg.drafter.mask_token_id == 151669
     assert cfg.anchors.num_per_sequence == 512
@@ -66,10 +84,10 @@ def test_recipe_has_design_values(recipe: str) -> None:
         assert cfg.drafter.markov_rank == (0 if recipe.endswith("-dflash") else 256)
     for source in cfg.data.train + cfg.data.validation:
         assert source.startswith("data/open-perfectblend/")
-    # Drafter ranks split the global batch evenly.
-    world = 8 * (2 if cfg.topology.target_workers == 8 else 1)
-    drafters = world - cfg.topology.target_workers
-    assert t.global_batch_sequences % drafters == 0
+    # The topology launches on the recipe's nodes (8 GPUs each) and its groups split the target's heads.
+    assert launch_problems(cfg, 8 * _nodes(recipe)) == []
+    config = reference_configs()[name].to_dict()
+    assert tensor_parallel_problems(config, cfg.topology.target_tp, cfg.topology.target_tp_plan) == []
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -105,6 +123,7 @@ def test_streamed_payload_per_recipe(recipe: str) -> None:
     assert payload.supervised == 510 * 7 + 6 + 1
     assert payload.feature_bytes == 2 * ((seq_len - 2) * taps * d + payload.supervised * d)
     assert payload.metadata_bytes == 8 * (3 * (seq_len - 2) + 3 * anchors * 7 + 2 * anchors + 1)
+    assert payload.largest_micro_batch_bytes == payload.total_bytes
 
 
 def _tiny_cfg(labels: str, token_budget: int, micro_batch: int, dtype: str) -> RecipeConfig:
@@ -157,51 +176,129 @@ def test_payload_bytes_match_packed_tensors(
     assert expected.supervised == sum(b.num_supervised for b in batches)
     assert expected.feature_bytes == sum(n["ctx_features"] + n["target_hidden"] for n in nbytes)
     assert expected.total_bytes == sum(sum(n.values()) for n in nbytes)
+    assert expected.largest_micro_batch_bytes == max(sum(n.values()) for n in nbytes)
 
 
-@pytest.mark.parametrize("name", sorted(qwen3_reference_configs()))
+@pytest.mark.parametrize("name", sorted(reference_configs()))
 def test_target_parameter_counts_match_the_model(name: str) -> None:
-    hf_config = qwen3_reference_configs()[name]
+    hf_config = reference_configs()[name]
     with torch.device("meta"):
-        model = Qwen3ForCausalLM(hf_config)
+        model = (Qwen3MoeForCausalLM if isinstance(hf_config, Qwen3MoeConfig) else Qwen3ForCausalLM)(hf_config)
     total = sum(p.numel() for p in model.parameters())
     embed = model.get_input_embeddings().weight.numel()
     head = 0 if hf_config.tie_word_embeddings else model.get_output_embeddings().weight.numel()
     assert target_total_params(hf_config) == total
     assert target_decoder_params(hf_config) == total - embed - head
+    assert target_attention_params(hf_config) == sum(p.numel() for n, p in model.named_parameters() if ".self_attn." in n)
+
+
+def test_reference_configs_match_published_sizes() -> None:
+    moe = {
+        name: (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads,
+               c.moe_intermediate_size, c.num_experts, c.num_experts_per_tok)
+        for name, c in reference_configs().items() if isinstance(c, Qwen3MoeConfig)
+    }
+    assert moe == {"Qwen3-30B-A3B": (2048, 48, 32, 4, 768, 128, 8), "Qwen3-235B-A22B": (4096, 94, 64, 4, 1536, 128, 8)}
+    # The "A3B" / "A22B" of the names: parameters a token is multiplied with, embedding and LM head included.
+    for name, billions in (("Qwen3-30B-A3B", 3.3), ("Qwen3-235B-A22B", 22.1)):
+        c = reference_configs()[name]
+        active = target_active_decoder_params(c) + 2 * c.vocab_size * c.hidden_size
+        assert active / 1e9 == pytest.approx(billions, abs=0.1)
+    assert reference_configs()["Qwen3-32B"].num_hidden_layers == 64
+
+
+def _counted_flops(model, seq_len: int) -> int:
+    """Matmul FLOPs of ``model``'s decoder over one sequence as torch counts them, with attention halved for the
+    causal mask (the counter counts every (query, key) pair) and the norm weights, which the estimate counts as
+    parameters, added back."""
+    c = model.config
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model.model(torch.randint(0, c.vocab_size, (1, seq_len)))
+    attention_all_pairs = 4 * c.num_attention_heads * c.head_dim * seq_len * seq_len * c.num_hidden_layers
+    attention_causal = 4 * c.num_attention_heads * c.head_dim * seq_len * (seq_len + 1) // 2 * c.num_hidden_layers
+    norm_params = c.num_hidden_layers * (2 * c.head_dim + 2 * c.hidden_size) + c.hidden_size
+    return counter.get_total_flops() - attention_all_pairs + attention_causal + 2 * norm_params * seq_len
 
 
 def test_target_flops_match_flop_counter() -> None:
     """Matmul FLOPs exactly as torch counts them (eager attention, so the score and value products are explicit
-    batched matmuls), with attention halved for the causal mask (the counter counts every (query, key) pair)
-    and the norm weights, which the estimate counts as parameters, added back."""
-    heads, head_dim, hidden, layers, seq_len = 4, 8, 32, 2, 24
-    hf_config = Qwen3Config(hidden_size=hidden, intermediate_size=64, num_hidden_layers=layers,
-                            num_attention_heads=heads, num_key_value_heads=2, head_dim=head_dim, vocab_size=64,
-                            attn_implementation="eager")
-    model = Qwen3ForCausalLM(hf_config).eval()
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.model(torch.randint(0, 64, (1, seq_len)))
-    attention_all_pairs = 4 * heads * head_dim * seq_len * seq_len * layers
-    attention_causal = 4 * heads * head_dim * seq_len * (seq_len + 1) // 2 * layers
-    norm_params = layers * (2 * head_dim + 2 * hidden) + hidden
-    expected = counter.get_total_flops() - attention_all_pairs + attention_causal + 2 * norm_params * seq_len
-    assert target_flops_per_sequence(hf_config, seq_len) == expected
+    batched matmuls)."""
+    hf_config = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, vocab_size=64, attn_implementation="eager")
+    assert target_flops_per_sequence(hf_config, 24) == _counted_flops(Qwen3ForCausalLM(hf_config).eval(), 24)
 
 
-def test_balance_workers_follows_routing() -> None:
-    # Drafter work twice the target's: 3 targets feed 5 drafters at best, but 512 sequences only split over
-    # drafter counts that divide 512, so 4:4 wins; each target feeds one drafter at half the drafter's speed.
-    split = balance_workers(1.0, 2.0, 8, 1.0, 512)
-    assert (split.target_workers, split.drafter_workers) == (4, 4)
-    assert split.sequences_per_s == pytest.approx(4 * 0.5)
-    # Unconstrained: 3:5 -> each target feeds 2 drafters (rate 1/2 each, capped by drafters at 1/2): 5 * 0.5.
-    free = balance_workers(1.0, 2.0, 8, 1.0)
-    assert free.sequences_per_s == pytest.approx(2.5)
-    # Target work 3x: 6 targets feed 2 drafters, 3 each taking turns -> 2 * min(3 * 1/3, 1) = 2.
-    heavy = balance_workers(3.0, 1.0, 8, 1.0, 512)
-    assert (heavy.target_workers, heavy.drafter_workers) == (6, 2)
+def test_moe_target_flops_count_only_the_routed_experts() -> None:
+    """The same count for a mixture-of-experts target with one dense layer (``mlp_only_layers``): the router and
+    the top-2 of 8 experts per token are multiplied (the experts run eagerly, one matmul per expert, so the
+    counter sees exactly the routed tokens)."""
+    hf_config = Qwen3MoeConfig(hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_experts=8,
+                               num_experts_per_tok=2, num_hidden_layers=3, num_attention_heads=4,
+                               num_key_value_heads=2, head_dim=8, vocab_size=64, mlp_only_layers=[1],
+                               attn_implementation="eager")
+    hf_config._experts_implementation = "eager"
+    assert target_flops_per_sequence(hf_config, 20) == _counted_flops(Qwen3MoeForCausalLM(hf_config).eval(), 20)
+
+
+def test_split_rates_follow_routing_with_uneven_shares() -> None:
+    # 10 sequences over 3 drafters: shares 4, 3, 3. Two groups: group 0 computes drafters 0 and 2 (7 sequences),
+    # group 1 drafter 1 (3). At 1 sequence/s per group and 2 per drafter the step takes max(7/1, 4/2) = 7 s.
+    split = StreamedSplit(1.0, 2.0, groups=2, tp=1, drafters=3, global_batch=10)
+    assert split.step_seconds == pytest.approx(7.0) and split.sequences_per_s == pytest.approx(10 / 7)
+    # Three groups of 2 GPUs for 2 drafters (shares 5, 5): drafter 0 takes turns between groups 0 and 2, drafter 1
+    # has group 1 alone: max(5 / (2 * 1), 5 / (1 * 1), 5 / 4) = 5 s.
+    split = StreamedSplit(1.0, 4.0, groups=3, tp=2, drafters=2, global_batch=10)
+    assert split.step_seconds == pytest.approx(5.0) and split.gpus == 8 and split.label == "3x2:2"
+
+
+def test_balance_workers_needs_no_divisor_of_the_batch() -> None:
+    # Drafter work twice the target's: 3 targets feed 5 drafters (512 sequences: shares 103, 103, 102, 102,
+    # 102); each target computes 2 or 1 shares at rate 1, the drafters run at 1/2.
+    split = balance_workers({1: 1.0}, 0.5, 8, 512)
+    assert (split.groups, split.drafters) == (3, 5)
+    assert split.sequences_per_s == pytest.approx(512 / max(103 + 102, 103 / 0.5))
+    # Target work 3x: 6 targets feed 2 drafters, 3 each taking turns -> 256 / max(256 / 1, 256 / (3 * 1/3)).
+    heavy = balance_workers({1: 1 / 3}, 1.0, 8, 512)
+    assert (heavy.groups, heavy.drafters) == (6, 2)
     assert heavy.sequences_per_s == pytest.approx(2.0)
+    # Groups of 4 at 4x the rate beat nothing here; with only that size on offer 1 group of 4 feeds 4 drafters.
+    grouped = balance_workers({4: 4.0}, 1.0, 8, 512)
+    assert (grouped.groups, grouped.tp, grouped.drafters) == (1, 4, 4)
+
+
+def test_group_plans_split_heads_where_they_divide_and_experts_otherwise() -> None:
+    """Qwen3-235B-A22B has 4 key/value heads: transformers' plan splits it 2 or 4 ways; 8 ways only with the
+    attention replicated on every rank and the experts split (each rank then holds all attention weights)."""
+    hf_config = reference_configs()["Qwen3-235B-A22B"]
+    plans = {p.tp: p for p in group_plans(hf_config, 2048)}
+    assert [(tp, p.plan) for tp, p in sorted(plans.items())] == [(1, "auto"), (2, "auto"), (4, "auto"), (8, "experts")]
+    total, attention = 2 * target_total_params(hf_config), 2 * target_attention_params(hf_config)
+    assert plans[4].rank_weight_bytes == total / 4
+    assert plans[8].rank_weight_bytes == attention + (total - attention) / 8
+    assert "num_key_value_heads = 4 not a multiple of 8" in tensor_parallel_problems(hf_config.to_dict(), 8)[0]
+
+
+def test_cluster_table_fits_what_fits() -> None:
+    """The docs' cluster table: 8B fits colocated; 14B and 32B only streamed; 235B-A22B needs 2 nodes, one
+    8-GPU group with split experts; 30B-A3B needs no group larger than one GPU."""
+    assert isinstance(cluster_row("qwen3-8b", None, 1, 2048)["colocated_seq_s_node"], float)
+    assert cluster_row("qwen3-14b", None, 1, 2048)["colocated_seq_s_node"] == "does not fit"
+    assert cluster_row("qwen3-8b", "Qwen3-32B", 2, 2048)["colocated_seq_s_node"] == "does not fit"
+    assert cluster_row("qwen3-235b-a22b", None, 1, 2048)["best_split"] == "none fits"
+    big = cluster_row("qwen3-235b-a22b", None, 2, 2048)
+    assert (big["best_split"], big["plan"]) == ("1x8:8", "experts") and big["target_rank_gb"] <= 80
+    assert cluster_row("qwen3-30b-a3b", None, 1, 2048)["best_split"] == "4:4"
+
+
+def test_stream_in_flight_is_bounded_by_micro_batches() -> None:
+    """The 14B recipe at L = 2048: two sequences per 16,384-token micro-batch, three micro-batches in flight
+    (stream.depth 2 queued + 1 being sent), where a whole-step message of 512 / 4 sequences was ~18 GB."""
+    cfg = load_recipe("qwen3-14b", check_target=False)
+    geometry = geometry_from_target_config(reference_target_config(cfg))
+    one = payload_bytes(cfg, geometry, 1, 2048, 512).total_bytes
+    assert stream_bytes_in_flight(cfg, geometry, 2048) == (cfg.stream.depth + 1) * 2 * one
+    step = payload_bytes(cfg, geometry, cfg.train.global_batch_sequences // 4, 2048, 512).total_bytes
+    assert step > 20 * stream_bytes_in_flight(cfg, geometry, 2048)
 
 
 @pytest.mark.parametrize("name", sorted(qwen3_reference_configs()))

@@ -82,6 +82,10 @@ RECIPE_RULES = [
         "train.deepspeed_config = 'no/such.json': no such file",
     ),
     ("tiny-dspark", "topology.target_workers=-1", "topology.target_workers = -1 must be >= 0"),
+    ("tiny-dspark", "topology.target_tp=0", "topology.target_tp = 0 must be >= 1"),
+    ("tiny-dspark", "topology.target_tp=2", "topology.target_tp = 2 needs streamed mode"),
+    ("tiny-dspark", ["topology.target_tp=2", "topology.target_workers=3"],
+     "topology.target_workers = 3 does not form groups of topology.target_tp = 2"),
     ("tiny-dspark", "stream.depth=0", "stream.depth = 0 must be >= 1"),
     ("tiny-dspark", "stream.timeout_s=0", "stream.timeout_s = 0.0 must be a positive number"),
     ("tiny-dspark", "drafter.markov_rank=0", "drafter.kind=dspark needs drafter.markov_rank > 0, got 0"),
@@ -116,13 +120,20 @@ TARGET_RULES = [
     ("tiny-dspark", "target.layer_ids=[1]", "so a tap must be in 0..0 (never the last layer"),
     ("tiny-dspark", "drafter.mask_token_id=99999", "drafter.mask_token_id = 99999 is outside the target's vocabulary (0..511)"),
     ("tiny-eagle3", "drafter.draft_vocab_size=600", "drafter.draft_vocab_size = 600 exceeds the target's vocabulary (512)"),
+    # The test preset's target has 2 query heads and 1 key/value head: no group of 2 can split it.
+    (
+        "tiny-dspark", ["topology.target_workers=2", "topology.target_tp=2"],
+        "topology.target_tp = 2 cannot split the target's heads over a group of 2 ranks: num_key_value_heads = 1 "
+        "not a multiple of 2 (target_tp values that split it: [1])",
+    ),
 ]
 
 
-@pytest.mark.parametrize("recipe,override,message", TARGET_RULES, ids=[o for _, o, _ in TARGET_RULES])
-def test_target_rule(tiny_world: Path, tmp_path: Path, recipe: str, override: str, message: str) -> None:
+@pytest.mark.parametrize("recipe,override,message", TARGET_RULES, ids=[str(o) for _, o, _ in TARGET_RULES])
+def test_target_rule(tiny_world: Path, tmp_path: Path, recipe: str, override, message: str) -> None:
+    extra = override if isinstance(override, list) else [override]
     with pytest.raises(ConfigError) as info:
-        load_recipe(recipe, world_overrides(tiny_world, recipe, tmp_path) + [override])
+        load_recipe(recipe, world_overrides(tiny_world, recipe, tmp_path) + extra)
     assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
 
 
@@ -145,8 +156,8 @@ def test_an_unused_kind_setting_is_fine_at_its_neutral_value(tiny_world: Path, t
 @pytest.mark.parametrize(
     "targets,world,message",
     [
-        (0, 3, "train.global_batch_sequences = 8 does not split over the 3 drafter rank(s)"),
-        (1, 4, "train.global_batch_sequences = 8 does not split over the 3 drafter rank(s)"),
+        (0, 9, "train.global_batch_sequences = 8 is fewer than the 9 drafter rank(s) of this launch"),
+        (1, 10, "train.global_batch_sequences = 8 is fewer than the 9 drafter rank(s) of this launch"),
         (2, 2, "topology.target_workers = 2 needs at least 3 processes"),
     ],
 )
@@ -154,7 +165,8 @@ def test_launch_rule(tiny_world: Path, tmp_path: Path, targets: int, world: int,
     base = world_overrides(tiny_world, "tiny-dspark", tmp_path)
     cfg = load_recipe("tiny-dspark", base + [f"topology.target_workers={targets}"])
     assert [p for p in launch_problems(cfg, world) if message in p]
-    assert launch_problems(cfg, targets + 2 if targets else 2) == []
+    # Drafter counts that do not divide the 8 sequences per step are fine (uneven shares).
+    assert launch_problems(cfg, targets + 3 if targets else 3) == []
 
 
 def test_a_bad_value_fails_train_py_in_one_line_within_two_seconds_without_torch(tiny_world: Path, tmp_path: Path) -> None:
@@ -173,9 +185,9 @@ def test_a_bad_value_fails_train_py_in_one_line_within_two_seconds_without_torch
     assert seconds < 2.0, seconds
 
 
-def test_train_py_refuses_a_launch_that_cannot_split_the_batch(tiny_world: Path, tmp_path: Path) -> None:
+def test_train_py_refuses_a_launch_with_more_drafters_than_sequences(tiny_world: Path, tmp_path: Path) -> None:
     args = ["recipe=tiny-dspark", *world_overrides(tiny_world, "tiny-dspark", tmp_path)]
-    env = {**os.environ, "WORLD_SIZE": "3", "RANK": "0"}
+    env = {**os.environ, "WORLD_SIZE": "9", "RANK": "0"}
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2
-    assert "does not split over the 3 drafter rank(s)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert "is fewer than the 9 drafter rank(s)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

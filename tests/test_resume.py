@@ -40,4 +40,4 @@ def test_resumed_streamed_run_matches_uninterrupted(streaming_world, tmp_path) -
     drafter_log, target_log = (split / "logs2" / "rank1.log").read_text(), (split / "logs2" / "rank0.log").read_text()
     assert f"resumed from {stopped[0]} at step 10" in drafter_log, drafter_log
     assert "done: 20 steps" in drafter_log and "final loss" in drafter_log, drafter_log
-    assert "target worker 0 done" in target_log and "resumed from" not in target_log, target_log
+    assert "target worker 0 (rank 0) done" in target_log and "resumed from" not in target_log, target_log

@@ -71,11 +71,13 @@ from tests.streaming_helpers import free_port, read_logs, start_ranks, step_loss
 # and their final weights are bit-identical, not only their losses.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
-# The recipe keys the tier may change: paths, sizes, step count, and the logging of a test run.
+# The recipe keys the tier may change: paths, sizes, step count, the logging of a test run, and the topology: one
+# target worker without a tensor-parallel group (groups are tested in test_target_groups.py).
 CHANGED_KEYS = {
     "target.path", "data.train", "data.validation", "data.cache_dir", "data.max_length", "data.num_workers",
     "train.max_steps", "train.global_batch_sequences", "train.eval_every", "train.eval_sequences",
     "logging.wandb", "logging.progress", "logging.log_every", "run.output_dir", "topology.target_workers",
+    "topology.target_tp",
 }
 # Config entries that record where and how a config was saved, not the architecture.
 SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
@@ -125,7 +127,7 @@ def streamed_launch(scale_root: Path, scale_worlds: dict):
     runs, outputs = [], {}
     for recipe in SCALE_TIER:
         argv = [f"recipe={recipe}", *_overrides(scale_worlds, scale_root, recipe, "streamed",
-                                                **{"topology.target_workers": 1})]
+                                                **{"topology.target_workers": 1, "topology.target_tp": 1})]
         runs.append({"port": free_port(), "argv": argv})
         outputs[recipe] = scale_root / "runs" / recipe / "streamed"
     runs_file = scale_root / "streamed_runs.json"
@@ -144,7 +146,8 @@ def colocated_runs(scale_root: Path, scale_worlds: dict):
 
     def run(recipe: str) -> RecipeConfig:
         if recipe not in done:
-            overrides = _overrides(scale_worlds, scale_root, recipe, "colocated", **{"topology.target_workers": 0})
+            overrides = _overrides(scale_worlds, scale_root, recipe, "colocated",
+                                   **{"topology.target_workers": 0, "topology.target_tp": 1})
             cfg = load_recipe(recipe, overrides)
             summary = run_training(cfg)
             assert summary is not None and summary.steps == 2

@@ -6,9 +6,10 @@ Three groups, each a function returning one-line messages (empty when the recipe
   drafter kind's own rules (``kinds``: e.g. DFlash has no Markov head, EAGLE-3 fuses three taps, and a setting a
   kind does not use must be left unset);
 - ``target_problems``: what needs the target's ``config.json`` (no weights): tapped layers inside the target,
-  the mask token inside its vocabulary, a draft vocabulary no larger than it;
-- ``launch_problems``: what needs the launch (world size): enough processes for the topology, sequences per
-  step that split over the drafter ranks.
+  the mask token inside its vocabulary, a draft vocabulary no larger than it, heads and MLP widths that split
+  over ``topology.target_tp`` ranks;
+- ``launch_problems``: what needs the launch (world size): enough processes for the topology, at least one
+  sequence per step for every drafter rank (the drafter count need not divide the global batch).
 
 ``config.loader.load_recipe`` runs the first two, ``training.entry`` the third; each message names the key, the
 value and what is allowed.
@@ -123,11 +124,73 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
         if not resolve_repo_path(t.deepspeed_config).is_file():
             p.append(f"train.deepspeed_config = {t.deepspeed_config!r}: no such file")
     _at_least(p, "topology.target_workers", cfg.topology.target_workers, 0, " (0 = colocated)")
+    p.extend(_topology_problems(cfg.topology.target_workers, cfg.topology.target_tp))
     _at_least(p, "stream.depth", cfg.stream.depth, 1)
     _positive(p, "stream.timeout_s", cfg.stream.timeout_s)
     _at_least(p, "logging.log_every", cfg.logging.log_every, 1)
     p.extend(kind_spec(d.kind).recipe_problems(cfg))
     return p
+
+
+def _topology_problems(target_workers: int, target_tp: int) -> list[str]:
+    if target_tp is None or target_tp < 1:
+        return [f"topology.target_tp = {target_tp!r} must be >= 1 (target ranks per tensor-parallel group)"]
+    if target_tp == 1:
+        return []
+    if target_workers == 0:
+        return [
+            f"topology.target_tp = {target_tp} needs streamed mode: tensor-parallel target groups exist only on target "
+            f"workers; set topology.target_workers to a multiple of {target_tp}"
+        ]
+    if target_workers % target_tp:
+        return [
+            f"topology.target_workers = {target_workers} does not form groups of topology.target_tp = {target_tp}; "
+            f"choose a multiple of {target_tp}"
+        ]
+    return []
+
+
+def _sparse_layers(target_config: Mapping[str, Any]) -> bool:
+    """Whether the target has mixture-of-experts layers: Qwen3-MoE's ``num_experts`` (the published configs) or
+    ``num_local_experts`` (what transformers 5 writes for the same attribute), with an expert width."""
+    experts = target_config.get("num_experts") or target_config.get("num_local_experts")
+    return bool(experts) and bool(target_config.get("moe_intermediate_size"))
+
+
+def _dense_mlp_layers(target_config: Mapping[str, Any]) -> bool:
+    layers = target_config.get("num_hidden_layers") or 0
+    if not _sparse_layers(target_config):
+        return True
+    step = target_config.get("decoder_sparse_step") or 1
+    dense_only = set(target_config.get("mlp_only_layers") or [])
+    return any(i in dense_only or (i + 1) % step for i in range(layers))
+
+
+def tensor_parallel_problems(target_config: Mapping[str, Any], target_tp: int, plan: str = "auto") -> list[str]:
+    """What a group's TP plan splits ``target_tp`` ways must divide by it: the dense MLP width and, for a
+    mixture-of-experts target, the expert width; with ``plan = "auto"`` also the query and key/value heads
+    (column-wise q/k/v projections). ``"experts"`` replicates attention and needs experts to split."""
+    if target_tp <= 1:
+        return []
+    keys = ["num_attention_heads", "num_key_value_heads"] if plan == "auto" else []
+    if _dense_mlp_layers(target_config):
+        keys.append("intermediate_size")
+    if _sparse_layers(target_config):
+        keys.append("moe_intermediate_size")
+    elif plan == "experts":
+        return ["topology.target_tp_plan = 'experts' needs a mixture-of-experts target; this one has no experts"]
+    sizes = {key: target_config.get(key) for key in keys if isinstance(target_config.get(key), int)}
+    bad = {key: value for key, value in sizes.items() if value % target_tp}
+    if not bad:
+        return []
+    common = math.gcd(*sizes.values())
+    choices = [k for k in range(1, common + 1) if common % k == 0 and k <= 64]
+    listed = ", ".join(f"{key} = {value}" for key, value in bad.items())
+    what = "heads" if plan == "auto" else "experts"
+    return [
+        f"topology.target_tp = {target_tp} cannot split the target's {what} over a group of {target_tp} ranks: "
+        f"{listed} not a multiple of {target_tp} (target_tp values that split it: {choices})"
+    ]
 
 
 def read_target_config(path: str) -> Mapping[str, Any]:
@@ -158,6 +221,7 @@ def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any]) -> list
         size = cfg.drafter.draft_vocab_size
         if size is not None and size > vocab:
             p.append(f"drafter.draft_vocab_size = {size} exceeds the target's vocabulary ({vocab})")
+    p.extend(tensor_parallel_problems(target_config, cfg.topology.target_tp, cfg.topology.target_tp_plan))
     return p
 
 
@@ -173,9 +237,9 @@ def launch_problems(cfg: RecipeConfig, world_size: int) -> list[str]:
         ]
     else:
         drafters = world_size - targets
-    if cfg.train.global_batch_sequences % drafters:
+    if cfg.train.global_batch_sequences < drafters:
         return [
-            f"train.global_batch_sequences = {cfg.train.global_batch_sequences} does not split over the {drafters} "
-            f"drafter rank(s) of this launch; choose a multiple of {drafters}"
+            f"train.global_batch_sequences = {cfg.train.global_batch_sequences} is fewer than the {drafters} drafter "
+            f"rank(s) of this launch: every drafter rank needs at least one sequence per step"
         ]
     return []

@@ -112,10 +112,17 @@ class TrainConfig:
 class TopologyConfig:
     # 0 = colocated (each process runs the target itself); otherwise the first T ranks are target workers.
     target_workers: int = 0
+    # Target ranks per tensor-parallel group: each group of target_tp ranks holds one replica of the target.
+    target_tp: int = 1
+    # What a group splits: "auto" = transformers' plan (attention heads, MLP and expert widths); "experts" = only
+    # the MLP / expert widths, attention replicated on every rank (a MoE target with fewer key/value heads than
+    # target_tp, e.g. Qwen3-235B-A22B's 4 heads at target_tp 8).
+    target_tp_plan: Literal["auto", "experts"] = "auto"
 
 
 @dataclass
 class StreamConfig:
+    # Micro-batches a target group's send queue may hold (one more is on the wire).
     depth: int = 2
     timeout_s: float = 300.0
 

@@ -48,7 +48,9 @@ from deepspec_train.export.layouts import (
 ENGINES = ("vllm", "sglang")
 SGLANG_MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 # Target architectures whose decoder-layer capture rule these rules state (the drafters here are Qwen3-only).
-PLUS_ONE_TARGETS = ("Qwen3ForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
+# Qwen3-MoE captures like Qwen3 in both engines: vLLM's qwen3_moe.py keeps the state entering each listed layer,
+# SGLang's adds 1 to every DFlash / EAGLE-3 id before capturing "before layer id".
+PLUS_ONE_TARGETS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
 FIRST_ID_ONE_TARGETS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 _SAMPLE = "probabilistic"
 

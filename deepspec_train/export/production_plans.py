@@ -19,8 +19,10 @@ from deepspec_train.export.loader import LoadedDrafter
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.sizing import meta_drafter, reference_target_config
 
-PRODUCTION_RECIPES = tuple(
-    f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")
+PRODUCTION_RECIPES = (
+    *(f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")),
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
 )
 
 

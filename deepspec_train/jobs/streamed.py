@@ -1,12 +1,13 @@
-"""The streamed job (``topology.target_workers = T > 0``), per role: target workers compute and send features,
+"""The streamed job (``topology.target_workers = T > 0``), per role: target groups compute and send features,
 drafter workers train on them.
 
-Ranks ``< T`` are target workers: they load the data and the target and stream each served drafter its
-micro-batches (``streaming.target_worker``), built with the same ``jobs.assembly`` feature sources a colocated
-rank with that drafter's index would build. The other ranks are drafter workers: they read only the target's
-config, embedding and LM-head weights (never its decoder layers, never the data), receive features
-(``StreamedFeatureSource``) and finish like a colocated job (``train_and_finish``), with gradients synchronised
-over the drafter ranks only.
+Ranks ``< T`` are target ranks, in groups of ``topology.target_tp`` (``streaming.roles``): each group loads the
+data and one replica of the target (the whole target on one rank, or one tensor-parallel shard per rank,
+``target.tensor_parallel``) and streams each served drafter its micro-batches (``streaming.target_worker``), built
+with the same ``jobs.assembly`` feature sources a colocated rank with that drafter's index would build. The other
+ranks are drafter workers: they read only the target's config, embedding and LM-head weights (never its decoder
+layers, never the data), receive features (``StreamedFeatureSource``) and finish like a colocated job
+(``train_and_finish``), with gradients synchronised over the drafter ranks only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch.distributed as dist
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
@@ -31,29 +33,43 @@ from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort, i
 from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
-from deepspec_train.training.distributed import DistContext, role_context
+from deepspec_train.target.tensor_parallel import load_target_tensor_parallel
+from deepspec_train.training.distributed import DistContext, new_groups, role_context
 from deepspec_train.training.trainer import TrainSummary
 
 log = get_logger("deepspec_train.streaming")
 
 
 def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
-    """Run this rank's role; returns the summary on drafter workers (None on target workers)."""
-    topology = Topology.from_world(world.world_size, cfg.topology.target_workers)
-    ctx = role_context(world, topology.num_targets)
+    """Run this rank's role; returns the summary on drafter workers (None on target ranks)."""
+    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp)
+    ctx = role_context(world, topology.target_ranks)
     # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
     speak_for_role(ctx.is_main)
+    tp_group = None
+    if topology.tp > 1:
+        groups = [topology.group_ranks(g) for g in range(topology.num_targets)]
+        tp_group = new_groups(groups, cfg.stream.timeout_s)
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
     try:
         if topology.role_of(world.rank) == "target":
-            run_target_role(cfg, ctx, world.rank, topology)
+            run_target_role(cfg, ctx, world.rank, topology, tp_group)
             summary = None
         else:
             summary = run_drafter_role(cfg, ctx, topology, out_dir)
     except PeerFailure as exc:
-        abort(f"{me}: {exc}")
+        # The peer this rank waited for may only have left (or gone silent, waiting in a collective) because
+        # another one died first: let the heartbeats name a dead peer before blaming the one waited for. A peer
+        # that timed out has been silent as long as a dead one would be, so a beat and a half tells them apart.
+        monitor.name_the_dead_peer(f"{me}: {exc}", (1.5 if exc.timed_out else 3) * monitor.interval_s)
     except RuntimeError as exc:
+        if tp_group is not None and topology.role_of(world.rank) == "target":
+            # A tensor-parallel forward failed: the heartbeats say which rank of the group left.
+            group = topology.describe_group(topology.group_of(world.rank))
+            monitor.name_the_dead_peer(
+                f"{me}: a collective of {group} failed (a rank of the group died or hung): {str(exc).splitlines()[0]}"
+            )
         # A collective (the drafters' gradient all-reduce, a barrier) that failed because a peer went away.
         if not is_peer_error(str(exc)):
             raise
@@ -63,21 +79,30 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
     return summary
 
 
-def run_target_role(cfg: RecipeConfig, ctx: DistContext, rank: int, topology: Topology) -> None:
+def run_target_role(
+    cfg: RecipeConfig, ctx: DistContext, rank: int, topology: Topology, tp_group: Optional[dist.ProcessGroup] = None
+) -> None:
+    """One target rank: load the data and the target (its shard in a tensor-parallel group ``tp_group``), then
+    compute every served drafter's micro-batches; the group's first rank sends them."""
+    group = topology.group_of(rank)
+    sends = rank == topology.target_rank(group)
     datasets = load_token_datasets(cfg, ctx)
     train_rows = datasets["train"]
-    target = load_target_model(cfg.target, ctx.device)
+    if tp_group is None:
+        target = load_target_model(cfg.target, ctx.device)
+    else:
+        target = load_target_tensor_parallel(cfg.target, ctx.device, tp_group, cfg.topology.target_tp_plan)
     tap = TargetTap(target, cfg.target.layer_ids)
     drafters = topology.num_drafters
     feeds = []
-    for route in topology.routes_from(rank):
+    for route in topology.routes_from(group):
         train = train_source(cfg, train_rows, tap, route.drafter, drafters, ctx.device)
         validation = None
         if "validation" in datasets:
             validation = validation_share(cfg, datasets["validation"], tap, route.drafter, drafters, ctx.device)
         feeds.append(DrafterFeed(route, train, validation))
     counts = None
-    if kind_spec(cfg.drafter.kind).needs_token_counts:
+    if sends and kind_spec(cfg.drafter.kind).needs_token_counts:
         # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
         counts = count_supervised_tokens(train_rows, target.config.vocab_size)
     total_steps = total_steps_for(cfg, len(train_rows))
@@ -86,9 +111,15 @@ def run_target_role(cfg: RecipeConfig, ctx: DistContext, rank: int, topology: To
         total_steps, last_step, len(train_rows) // cfg.train.global_batch_sequences,
         cfg.train.eval_every, "validation" in datasets, counts,
     )
-    log.info("target worker %d feeds drafters %s; %d steps", rank, [r.drafter for r in topology.routes_from(rank)], plan.total_steps)
-    sent = run_target_loop(feeds, plan, topology, ctx.device, cfg.stream.depth, cfg.stream.timeout_s)
-    log.info("target worker %d done: %.1f MB sent", rank, sent / 1e6)
+    name = topology.describe_group(group)
+    if sends:
+        log.info("%s feeds drafters %s; %d steps", name, [r.drafter for r in topology.routes_from(group)], plan.total_steps)
+    report = run_target_loop(feeds, plan, topology, ctx.device, cfg.stream.depth, cfg.stream.timeout_s, tp_group, sends)
+    if sends:
+        log.info(
+            "%s done: %.1f MB sent; peak %.2f MB in flight (stream.depth = %d micro-batches)",
+            name, report.bytes_sent / 1e6, report.peak_in_flight / 1e6, cfg.stream.depth,
+        )
 
 
 def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, out_dir: Path) -> TrainSummary:

@@ -11,8 +11,10 @@ them:
     config = scale_target_config("Qwen3-8B")        # hidden 128, head_dim 4, 36 layers, vocab 151,936
     save_scale_target("Qwen3-8B", "models/Qwen3-8B-scale")  # random weights, save_pretrained
 
-To add a target family, add its published config to ``reference_configs`` and a ``ScaleTarget`` to
-``SCALE_TARGETS`` whose ``shrink`` names the family's width fields.
+The mixture-of-experts targets (Qwen3-30B-A3B, Qwen3-235B-A22B) keep their expert count, how many experts
+route each token and which layers are sparse; their expert MLP width shrinks by the same factor. To add a target
+family, add its published config to ``reference_configs`` and a ``ScaleTarget`` to ``SCALE_TARGETS`` whose
+``shrink`` names the family's width fields.
 """
 
 from __future__ import annotations
@@ -24,19 +26,28 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig
 
-from deepspec_train.models.reference_configs import qwen3_reference_configs
+from deepspec_train.models.reference_configs import qwen3_moe_reference_configs, qwen3_reference_configs
 
 SCALE_HEAD_DIM = 4
 
 
-def shrink_dense_qwen3(reference: PretrainedConfig, head_dim: int = SCALE_HEAD_DIM) -> dict[str, int]:
-    """The width fields of a dense Qwen3 config divided by ``reference.head_dim / head_dim``."""
+def _shrink(reference: PretrainedConfig, fields: tuple[str, ...], head_dim: int) -> dict[str, int]:
     factor, rest = divmod(reference.head_dim, head_dim)
-    widths = {"hidden_size": reference.hidden_size, "intermediate_size": reference.intermediate_size}
+    widths = {name: getattr(reference, name) for name in fields}
     uneven = {name: value for name, value in widths.items() if rest or value % factor}
     if uneven:
         raise ValueError(f"head_dim {head_dim} does not divide the widths of the reference config evenly: {uneven}")
     return {"head_dim": head_dim, **{name: value // factor for name, value in widths.items()}}
+
+
+def shrink_dense_qwen3(reference: PretrainedConfig, head_dim: int = SCALE_HEAD_DIM) -> dict[str, int]:
+    """The width fields of a dense Qwen3 config divided by ``reference.head_dim / head_dim``."""
+    return _shrink(reference, ("hidden_size", "intermediate_size"), head_dim)
+
+
+def shrink_moe_qwen3(reference: PretrainedConfig, head_dim: int = SCALE_HEAD_DIM) -> dict[str, int]:
+    """The width fields of a Qwen3-MoE config (the expert MLPs' too) divided by ``reference.head_dim / head_dim``."""
+    return _shrink(reference, ("hidden_size", "intermediate_size", "moe_intermediate_size"), head_dim)
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,17 @@ def _qwen3(name: str) -> ScaleTarget:
     return ScaleTarget(name, lambda: qwen3_reference_configs()[name], shrink_dense_qwen3)
 
 
-SCALE_TARGETS: dict[str, ScaleTarget] = {t.name: t for t in map(_qwen3, ("Qwen3-4B", "Qwen3-8B", "Qwen3-14B"))}
+def _qwen3_moe(name: str) -> ScaleTarget:
+    return ScaleTarget(name, lambda: qwen3_moe_reference_configs()[name], shrink_moe_qwen3)
+
+
+SCALE_TARGETS: dict[str, ScaleTarget] = {
+    t.name: t
+    for t in [
+        *map(_qwen3, ("Qwen3-4B", "Qwen3-8B", "Qwen3-14B", "Qwen3-32B")),
+        *map(_qwen3_moe, ("Qwen3-30B-A3B", "Qwen3-235B-A22B")),
+    ]
+}
 
 
 def scale_target_config(name: str) -> PretrainedConfig:

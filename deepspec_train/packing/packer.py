@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 
 from deepspec_train.packing.anchors import LabelConvention, block_labels
-from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 
 # Rows of a per-position feature: the full ``[L, F]`` tensor, or a callable giving the rows at given positions.
 PositionRows = Union[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
@@ -73,6 +73,21 @@ def needed_positions(
     _, target_positions = block_labels(input_ids, loss_mask, anchors, block_size, convention)
     ctx_positions = torch.arange(int(anchors.max()), dtype=torch.long)
     return ctx_positions, torch.unique(target_positions[target_positions >= 0])
+
+
+def count_supervised(
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    anchors: torch.Tensor,
+    block_size: int,
+    convention: LabelConvention = "dspark",
+) -> int:
+    """Supervised slots of the blocks at ``anchors``: what ``build_packed_batch`` will label, known from the
+    tokens and the loss mask alone (a target worker announces a step's counts before it runs the target)."""
+    if anchors.numel() == 0:
+        return 0
+    labels, _ = block_labels(input_ids, loss_mask, anchors, block_size, convention)
+    return int((labels != IGNORE_INDEX).sum())
 
 
 def split_anchors(item: int, anchors: torch.Tensor, block_size: int, token_budget: int) -> list[BlockGroup]:

@@ -1,13 +1,17 @@
-"""Which rank does what in streamed mode, and which target worker feeds which drafter worker at which step.
+"""Which rank does what in streamed mode, and which target group feeds which drafter worker at which step.
 
-Ranks ``0 .. T-1`` are target workers, ranks ``T .. W-1`` drafter workers (drafter index ``i`` is global rank
-``T + i``). Every drafter is fed by one or more targets and every target feeds at least one drafter:
+The first ``G * k`` ranks are target ranks (``topology.target_workers``), in ``G`` groups of ``k =
+topology.target_tp`` consecutive ranks: group ``g`` is ranks ``g*k .. g*k+k-1`` and holds one tensor-parallel
+replica of the target (``k = 1``: one target worker per group, the whole target on one rank). The first rank of a
+group sends the group's features; the others only take part in its forwards. The ranks after them are drafter
+workers (drafter index ``i`` is global rank ``G*k + i``). Every drafter is fed by one or more groups and every
+group feeds at least one drafter:
 
-- ``T <= D``: drafter ``i`` is fed by target ``i % T`` at every step (a target serves ``ceil(D / T)`` drafters).
-- ``T > D``: drafter ``i`` is fed by the targets ``t`` with ``t % D == i``, taking turns step by step (step ``s``
-  comes from the ``s % n``-th of its ``n`` targets), so extra target workers add forward throughput.
+- ``G <= D``: drafter ``i`` is fed by group ``i % G`` at every step (a group serves ``ceil(D / G)`` drafters).
+- ``G > D``: drafter ``i`` is fed by the groups ``g`` with ``g % D == i``, taking turns step by step (step ``s``
+  comes from the ``s % n``-th of its ``n`` groups), so extra groups add forward throughput.
 
-The assignment is a pure function of (T, D): both sides derive it without exchanging anything.
+The assignment is a pure function of (G, D): both sides derive it without exchanging anything.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ Role = Literal["target", "drafter"]
 
 @dataclass(frozen=True)
 class Route:
-    """Target ``target`` sends drafter ``drafter`` the steps ``s`` with ``s % stride == offset``."""
+    """Target group ``target`` sends drafter ``drafter`` the steps ``s`` with ``s % stride == offset``."""
 
     target: int
     drafter: int
@@ -33,36 +37,68 @@ class Route:
 
 @dataclass(frozen=True)
 class Topology:
+    """``num_targets`` target groups of ``tp`` ranks each and ``num_drafters`` drafter workers."""
+
     num_targets: int
     num_drafters: int
+    tp: int = 1
 
     def __post_init__(self) -> None:
         if self.num_targets < 1 or self.num_drafters < 1:
             raise ValueError(
-                f"streamed mode needs at least one target and one drafter worker; got {self.num_targets} target(s) "
-                f"and {self.num_drafters} drafter(s) (world size = topology.target_workers + drafters)"
+                f"streamed mode needs at least one target and one drafter worker; got {self.num_targets} target "
+                f"group(s) and {self.num_drafters} drafter(s) (world size = topology.target_workers + drafters)"
             )
 
     @classmethod
-    def from_world(cls, world_size: int, target_workers: int) -> "Topology":
-        return cls(target_workers, world_size - target_workers)
+    def from_world(cls, world_size: int, target_workers: int, target_tp: int = 1) -> "Topology":
+        if target_tp < 1 or target_workers % target_tp:
+            raise ValueError(
+                f"topology.target_workers = {target_workers} target ranks do not form groups of topology.target_tp "
+                f"= {target_tp}"
+            )
+        return cls(target_workers // target_tp, world_size - target_workers, target_tp)
+
+    @property
+    def target_ranks(self) -> int:
+        """Ranks holding the target: every rank of every group."""
+        return self.num_targets * self.tp
 
     @property
     def world_size(self) -> int:
-        return self.num_targets + self.num_drafters
+        return self.target_ranks + self.num_drafters
 
     def role_of(self, rank: int) -> Role:
-        return "target" if rank < self.num_targets else "drafter"
+        return "target" if rank < self.target_ranks else "drafter"
+
+    def group_of(self, rank: int) -> int:
+        """The target group of target rank ``rank``."""
+        return rank // self.tp
+
+    def group_ranks(self, group: int) -> list[int]:
+        return list(range(group * self.tp, (group + 1) * self.tp))
+
+    def target_rank(self, group: int) -> int:
+        """Global rank of the rank that sends group ``group``'s features (its first rank)."""
+        return group * self.tp
 
     def drafter_rank(self, drafter: int) -> int:
         """Global rank of drafter index ``drafter``."""
-        return self.num_targets + drafter
+        return self.target_ranks + drafter
 
     def describe(self, rank: int) -> str:
-        """``target worker 0 (rank 0)`` / ``drafter worker 1 (rank 3)``: how failures name a peer."""
-        if self.role_of(rank) == "target":
-            return f"target worker {rank} (rank {rank})"
-        return f"drafter worker {rank - self.num_targets} (rank {rank})"
+        """How failures name a peer: ``target worker 0 (rank 0)`` (groups of one), ``target group 1, TP rank 0
+        (rank 2)``, ``drafter worker 1 (rank 3)``."""
+        if self.role_of(rank) == "drafter":
+            return f"drafter worker {rank - self.target_ranks} (rank {rank})"
+        group = self.group_of(rank)
+        if self.tp == 1:
+            return f"target worker {group} (rank {rank})"
+        return f"target group {group}, TP rank {rank - self.target_rank(group)} (rank {rank})"
+
+    def describe_group(self, group: int) -> str:
+        ranks = self.group_ranks(group)
+        return f"target group {group} (ranks {ranks[0]}-{ranks[-1]})" if self.tp > 1 else self.describe(ranks[0])
 
     def routes(self) -> list[Route]:
         t_count, d_count = self.num_targets, self.num_drafters
@@ -81,7 +117,7 @@ class Topology:
         return sorted((r for r in self.routes() if r.drafter == drafter), key=lambda r: r.offset)
 
     def feeder_of(self, drafter: int, step: int) -> int:
-        """The target worker (= its global rank) that sends ``drafter`` its batches for optimizer step ``step``."""
+        """The target group that sends ``drafter`` its batches for optimizer step ``step``."""
         for route in self.routes_to(drafter):
             if route.carries(step):
                 return route.target

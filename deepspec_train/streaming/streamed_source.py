@@ -1,9 +1,12 @@
-"""The drafter worker's feature source: packed micro-batches received from target workers.
+"""The drafter worker's feature source: packed micro-batches received from target groups.
 
 It implements the ``training.feature_source.FeatureSource`` protocol like ``InProcessFeatureSource`` (per-step
-lists of ``PackedBatch``; ``state_dict`` / ``load_state_dict`` with the data position), so the trainer does not
-know where its features come from. It also keeps the stream's own measurements: seconds spent waiting on the stream and bytes received, reported as
-``stream/target_wait_frac`` and wire bytes per supervised token.
+``StepBatches``; ``state_dict`` / ``load_state_dict`` with the data position), so the trainer does not know where
+its features come from. A step arrives as an outline (counts) and then one message per micro-batch, received
+only when the trainer asks for the next micro-batch, so the drafter holds one micro-batch of features at a time.
+It also keeps the stream's own measurements: seconds spent waiting on the stream, bytes received and the peak
+bytes in flight each feeding group reports, logged as ``stream/target_wait_frac``, wire bytes per supervised
+token and ``stream/peak_bytes_in_flight_group{g}``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,9 @@ from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.watchdog import PeerFailure
 from deepspec_train.streaming.wire import (
-    KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_message, recv_plan, send_ints,
+    KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_message, recv_plan, send_ints,
 )
-from deepspec_train.training.feature_source import StreamWindow
+from deepspec_train.training.feature_source import StepBatches, StreamWindow
 
 
 class StreamedFeatureSource:
@@ -28,11 +31,12 @@ class StreamedFeatureSource:
         self.drafter = drafter
         self.device = device
         self.timeout_s = timeout_s
-        self.feeders = [route.target for route in topology.routes_to(drafter)]
+        self.feeders = [topology.target_rank(route.target) for route in topology.routes_to(drafter)]
         self.plan = self._receive_plans()
         self.next_step = 0
         self.wait_seconds = 0.0
         self.bytes_received = 0
+        self.peak_in_flight = [0.0] * topology.num_targets
         self._window_start = time.monotonic()
 
     def _receive_plans(self) -> StreamPlan:
@@ -56,36 +60,47 @@ class StreamedFeatureSource:
     def load_state_dict(self, state: dict) -> None:
         self.next_step = int(state["epoch"]) * self.plan.steps_per_epoch + int(state["step_in_epoch"])
 
-    def _receive(self, src: int, kind: int, step: int) -> StreamMessage:
+    def _receive(self, src: int, kind: int, step: int, index: int = 0) -> StreamMessage:
         started = time.monotonic()
         message = recv_message(src, self.device, self.timeout_s, self.topology.describe(src))
         self.wait_seconds += time.monotonic() - started
         self.bytes_received += message.wire_bytes
-        if message.kind != kind or message.step != step:
+        group = self.topology.group_of(src)
+        self.peak_in_flight[group] = max(self.peak_in_flight[group], float(message.peak_in_flight))
+        if (message.kind, message.step, message.index) != (kind, step, index):
             raise PeerFailure(
-                f"{self.topology.describe(src)} sent (kind {message.kind}, step {message.step}) where "
-                f"(kind {kind}, step {step}) was expected: target and drafter disagree on the schedule"
+                f"{self.topology.describe(src)} sent (kind {message.kind}, step {message.step}, micro-batch "
+                f"{message.index}) where (kind {kind}, step {step}, micro-batch {index}) was expected: target and "
+                f"drafter disagree on the schedule"
             )
         return message
 
-    def __iter__(self) -> Iterator[list[PackedBatch]]:
+    def _batches(self, src: int, step: int, count: int) -> Iterator[PackedBatch]:
+        for index in range(count):
+            yield self._receive(src, KIND_BATCH, step, index).batches[0]
+
+    def __iter__(self) -> Iterator[StepBatches]:
         for target in self.feeders:
             send_ints([self.next_step], target, self.device, self.timeout_s, self.topology.describe(target))
         self._window_start = time.monotonic()
         while self.next_step < self.plan.last_step:
             step = self.next_step
-            message = self._receive(self.topology.feeder_of(self.drafter, step), KIND_TRAIN, step)
+            src = self.topology.target_rank(self.topology.feeder_of(self.drafter, step))
+            head = self._receive(src, KIND_TRAIN, step)
             self.next_step = step + 1
-            yield message.batches
+            yield StepBatches(head.count, head.active, head.supervised, self._batches(src, step, head.count))
 
-    def validation_batches(self) -> list[PackedBatch]:
-        """The validation micro-batches that follow the last training step received."""
+    def validation_batches(self) -> Iterator[PackedBatch]:
+        """The validation micro-batches that follow the last training step received, one at a time."""
         step = self.next_step - 1
-        return self._receive(self.topology.feeder_of(self.drafter, step), KIND_VALIDATION, step).batches
+        src = self.topology.target_rank(self.topology.feeder_of(self.drafter, step))
+        head = self._receive(src, KIND_VALIDATION, step)
+        return self._batches(src, step, head.count)
 
     def pop_stream_metrics(self) -> StreamWindow:
-        """Seconds waiting on the stream, wall seconds and bytes received since the last call."""
+        """Seconds waiting on the stream, wall seconds and bytes received since the last call; the peaks so far."""
         now = time.monotonic()
-        window = StreamWindow(self.wait_seconds, now - self._window_start, float(self.bytes_received))
+        window = StreamWindow(self.wait_seconds, now - self._window_start, float(self.bytes_received),
+                              list(self.peak_in_flight))
         self.wait_seconds, self.bytes_received, self._window_start = 0.0, 0, now
         return window

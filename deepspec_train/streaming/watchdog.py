@@ -10,14 +10,18 @@ Two mechanisms, both bounded by ``stream.timeout_s``:
   (the store cannot tell a stopped process from a dead one), or as stopped / dead when it runs on this host and
   its process state says so (``peer_processes``).
 - A collective that fails because a peer went away (a drafter dying while the others sit in a gradient
-  all-reduce) names no rank; ``PeerMonitor.explain`` finds the peer whose process is gone on this host, or says
-  that the error did not name one.
+  all-reduce, one rank of a tensor-parallel target group dying in the middle of a forward) names no rank;
+  ``PeerMonitor.explain`` finds the peer whose process is gone on this host, and ``name_the_dead_peer`` waits
+  for the heartbeats to name a peer on any host.
 - The rank hosting the store signs off last (``finish(wait_for_peers=True)``), so the store outlives every
   drafter's final checkpoint and drafter files.
 
 On failure the process prints one line naming the failed peer and leaves with ``os._exit``: tearing down process
 groups that still hold a connection to a dead peer can itself block, and a hung survivor is the one outcome
-that must never happen.
+that must never happen. Two rules make every survivor name the peer that actually died rather than a survivor
+that left before it: a failed transfer or collective gives the heartbeats a moment to name a dead peer before
+reporting the peer it waited for (``name_the_dead_peer``), and the rank hosting the rendezvous store lingers two
+beats after naming a dead peer, so that the store stays up while the others reach the same verdict.
 """
 
 from __future__ import annotations
@@ -40,14 +44,20 @@ _SIGN_OFF_POLL_S = 0.05
 
 
 class PeerFailure(RuntimeError):
-    """A peer died, closed its connection or stopped sending."""
+    """A peer died, closed its connection or stopped sending; ``timed_out`` when it missed a deadline (it is still
+    there, stopped or hung) rather than went away."""
+
+    def __init__(self, message: str, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
-def abort(message: str) -> None:
-    """Print ``message`` on stderr and end the process at once with a non-zero status."""
+def abort(message: str, linger_s: float = 0.0) -> None:
+    """Print ``message`` on stderr and end the process with a non-zero status (after ``linger_s`` seconds)."""
     sys.stderr.write(f"error: [rank {os.environ.get('RANK', '0')}] {message}\n")
     sys.stderr.flush()
     sys.stdout.flush()
+    time.sleep(linger_s)
     os._exit(FAILURE_EXIT_CODE)
 
 
@@ -76,7 +86,8 @@ def wait_for(work: dist.Work, timeout_s: float, peer: str, action: str) -> None:
     except RuntimeError as exc:
         if is_timeout(str(exc)):
             raise PeerFailure(
-                f"{peer} timed out: it did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)"
+                f"{peer} timed out: it did not {action} within stream.timeout_s={timeout_s:g} s (stopped or hung)",
+                timed_out=True,
             ) from exc
         raise PeerFailure(
             f"{peer} died or closed its connection while this rank waited for it to {action}: {first_line(exc)}"
@@ -99,6 +110,8 @@ class PeerMonitor:
         self.identities: dict[int, tuple[str, int]] = {}
 
     def start(self) -> "PeerMonitor":
+        # The first beat before anything else: a peer that dies early is watched, not taken as not started yet.
+        self._store.set(f"{_HEARTBEAT_PREFIX}{self.rank}", "0")
         peer_processes.publish(self._store, self.rank)
         # Every rank starts its monitor right after the same collective, so the peers' entries arrive together;
         # having them all before the first step means a failure in that step can already be explained.
@@ -166,13 +179,28 @@ class PeerMonitor:
                     self.identities[peer] = identity
 
     def _silence_message(self, peer: int) -> str:
-        silent = f"no heartbeat for stream.timeout_s={self.timeout_s:g} s"
+        me, silent = self.describe(self.rank), f"no heartbeat for stream.timeout_s={self.timeout_s:g} s"
         state = peer_processes.process_state(self.identities.get(peer))
         if state == "gone":
-            return f"{self.describe(peer)} died: its process is gone ({silent}); exiting"
+            return f"{me}: {self.describe(peer)} died: its process is gone ({silent}); exiting"
         if state == "stopped":
-            return f"{self.describe(peer)} timed out: its process is stopped ({silent}); exiting"
-        return f"{self.describe(peer)} timed out: {silent} (stopped, hung or dead); exiting"
+            return f"{me}: {self.describe(peer)} timed out: its process is stopped ({silent}); exiting"
+        return f"{me}: {self.describe(peer)} timed out: {silent} (stopped, hung or dead); exiting"
+
+    def _lost_store_message(self, error: RuntimeError) -> str:
+        """The store host (rank 0) is gone from under this rank: named as dead when its process is gone here."""
+        me, host = self.describe(self.rank), self.describe(0)
+        if peer_processes.process_state(self.identities.get(0)) == "gone":
+            return (f"{me}: {host} died: its process is gone, and with it the rendezvous store it hosted "
+                    f"({first_line(error)}); exiting")
+        return f"{me}: lost the rendezvous store (hosted by {host} unless the launcher hosts it): {first_line(error)}; exiting"
+
+    def name_the_dead_peer(self, fallback: str, wait_s: Optional[float] = None) -> None:
+        """After a transfer or a collective failed, let the heartbeats tell whether a peer died: the watching
+        thread ends the process naming it; ``fallback`` is printed if it has not after ``wait_s`` (default: long
+        enough to notice a peer that just died, ``timeout_s`` plus three beats). Never returns."""
+        time.sleep(self.timeout_s + 3 * self.interval_s if wait_s is None else wait_s)
+        abort(fallback)
 
     def _run(self) -> None:
         beats = 0
@@ -189,19 +217,14 @@ class PeerMonitor:
                     if self._store.check([f"{_DONE_PREFIX}{peer}"]):
                         continue
                     if not self._store.check([f"{_HEARTBEAT_PREFIX}{peer}"]):
-                        continue  # not started yet: point-to-point deadlines cover a peer that never comes up
+                        continue  # not started yet: deadlines of the first transfers cover a peer that never comes up
                     value = self._store.get(f"{_HEARTBEAT_PREFIX}{peer}")
                     if value != last_value.get(peer):
                         last_value[peer], last_change[peer] = value, now
                     elif now - last_change[peer] > self.timeout_s:
-                        abort(self._silence_message(peer))
+                        # The store host lingers so the others can still read the verdict's heartbeats from it.
+                        abort(self._silence_message(peer), linger_s=2 * self.interval_s if self.rank == 0 else 0.0)
             except RuntimeError as exc:
                 if self._stop.is_set():
                     return
-                host = self.describe(0)
-                if peer_processes.process_state(self.identities.get(0)) == "gone":
-                    host += ", whose process has exited: its log says why"
-                abort(
-                    f"lost the rendezvous store (hosted by {host} unless the launcher hosts it): {first_line(exc)}; "
-                    "exiting"
-                )
+                abort(self._lost_store_message(exc))

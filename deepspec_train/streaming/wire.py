@@ -1,8 +1,17 @@
 """How packed micro-batches cross the wire between a target worker and a drafter worker.
 
-One message = the micro-batches of one optimizer step (or of one validation pass) for one drafter:
+A training step (or a validation pass) of one drafter travels as one *outline* message followed by one message
+per packed micro-batch, so the bytes in flight are bounded by micro-batches, not by the global batch:
 
-1. a fixed header, ``int64[HEADER_LEN]``: magic, kind, step, epoch, step in epoch, number of batches;
+- the outline (``KIND_TRAIN`` / ``KIND_VALIDATION``) carries no tensors: how many micro-batch messages follow
+  and, for a training step, their supervised slots and how many have any (what the trainer needs before its
+  first backward);
+- each micro-batch message (``KIND_BATCH``) carries one ``PackedBatch`` and its index in the step.
+
+Every message is:
+
+1. a fixed header, ``int64[HEADER_LEN]``: magic, kind, step, epoch, step in epoch, number of batches, index,
+   count, supervised slots, active micro-batches, and the sender's peak bytes in flight so far;
 2. a layout, ``int64[num_batches * NUM_FIELDS * 4]``: per batch and per ``PackedBatch`` field (in its wire
    order), the dtype code, the number of dimensions and two dimension sizes;
 3. the payload: every non-empty field tensor of every batch, in that order, received straight into buffers of
@@ -16,7 +25,7 @@ feeds (``send_plan`` / ``recv_plan``) and the small control vectors around it (`
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 import torch
@@ -26,7 +35,7 @@ from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.streaming.watchdog import PeerFailure, wait_for
 
 MAGIC = 0x5D5B_A7C4
-HEADER_LEN = 8
+HEADER_LEN = 11
 FIELD_NAMES = [f.name for f in fields(PackedBatch)]
 NUM_FIELDS = len(FIELD_NAMES)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int64: 3, torch.int32: 4, torch.bool: 5}
@@ -34,6 +43,7 @@ CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
 KIND_TRAIN = 1
 KIND_VALIDATION = 2
+KIND_BATCH = 3
 
 
 @dataclass
@@ -61,12 +71,32 @@ class StreamPlan:
 
 @dataclass
 class StreamMessage:
+    """One message: an outline (``batches`` empty, ``count`` micro-batch messages follow) or one micro-batch
+    (``index`` in its step). ``peak_in_flight`` is the sender's peak bytes queued or being sent so far."""
+
     kind: int
     step: int
-    epoch: int
-    step_in_epoch: int
-    batches: list[PackedBatch]
+    epoch: int = 0
+    step_in_epoch: int = 0
+    batches: list[PackedBatch] = field(default_factory=list)
+    index: int = 0
+    count: int = 0
+    supervised: int = 0
+    active: int = 0
+    peak_in_flight: int = 0
     wire_bytes: int = 0
+
+    def header(self) -> list[int]:
+        return [
+            MAGIC, self.kind, self.step, self.epoch, self.step_in_epoch, len(self.batches), self.index, self.count,
+            self.supervised, self.active, self.peak_in_flight,
+        ]
+
+
+def outline(kind: int, step: int, epoch: int, step_in_epoch: int, supervised: list[int]) -> StreamMessage:
+    """The outline of a step whose micro-batches have ``supervised`` slots each."""
+    return StreamMessage(kind, step, epoch, step_in_epoch, count=len(supervised), supervised=sum(supervised),
+                         active=sum(1 for n in supervised if n > 0))
 
 
 def _layout(batches: list[PackedBatch]) -> list[int]:
@@ -85,17 +115,25 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def send_message(message: StreamMessage, dst: int, device: torch.device, timeout_s: float, peer: str) -> int:
-    """Send one message to rank ``dst``; returns the bytes put on the wire."""
-    header = torch.tensor(
-        [MAGIC, message.kind, message.step, message.epoch, message.step_in_epoch, len(message.batches), 0, 0],
-        dtype=torch.int64, device=device,
-    )
-    parts = [header]
+def _parts(message: StreamMessage, device: torch.device) -> list[torch.Tensor]:
+    parts = [torch.tensor(message.header(), dtype=torch.int64, device=device)]
     if message.batches:
         parts.append(torch.tensor(_layout(message.batches), dtype=torch.int64, device=device))
     for batch in message.batches:
         parts.extend(t.contiguous() for t in batch.tensors().values() if t.numel() > 0)
+    return parts
+
+
+def message_bytes(message: StreamMessage) -> int:
+    """Bytes ``send_message`` puts on the wire for ``message``."""
+    layout = len(message.batches) * NUM_FIELDS * 4 if message.batches else 0
+    tensors = sum(_nbytes(t) for batch in message.batches for t in batch.tensors().values())
+    return 8 * (HEADER_LEN + layout) + tensors
+
+
+def send_message(message: StreamMessage, dst: int, device: torch.device, timeout_s: float, peer: str) -> int:
+    """Send one message to rank ``dst``; returns the bytes put on the wire."""
+    parts = _parts(message, device)
     # All sends are posted before waiting on any: the receiver posts its receives in the same order.
     works = [dist.isend(t, dst) for t in parts]
     for work in works:
@@ -113,8 +151,8 @@ def recv_message(src: int, device: torch.device, timeout_s: float, peer: str) ->
     header = _recv(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), src, timeout_s, peer).tolist()
     if header[0] != MAGIC:
         raise PeerFailure(f"{peer} sent a malformed stream header {header} (mismatched protocol or ranks)")
-    kind, step, epoch, step_in_epoch, num_batches = header[1:6]
-    wire_bytes = _nbytes(torch.empty(HEADER_LEN, dtype=torch.int64))
+    kind, step, epoch, step_in_epoch, num_batches, index, count, supervised, active, peak = header[1:]
+    wire_bytes = 8 * HEADER_LEN
     batches = []
     if num_batches:
         layout = torch.empty(num_batches * NUM_FIELDS * 4, dtype=torch.int64, device=device)
@@ -133,7 +171,7 @@ def recv_message(src: int, device: torch.device, timeout_s: float, peer: str) ->
             batches.append(PackedBatch(**tensors))
         for work in pending:
             wait_for(work, timeout_s, peer, "send a stream message")
-    return StreamMessage(kind, step, epoch, step_in_epoch, batches, wire_bytes)
+    return StreamMessage(kind, step, epoch, step_in_epoch, batches, index, count, supervised, active, peak, wire_bytes)
 
 
 def send_ints(values: list[int], dst: int, device: torch.device, timeout_s: float, peer: str) -> None:

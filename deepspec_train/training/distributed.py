@@ -84,6 +84,26 @@ def all_reduce_sum(value: float, ctx: DistContext) -> float:
     return float(t.item())
 
 
+def all_reduce_max(values: list[float], ctx: DistContext) -> list[float]:
+    """Element-wise maximum of a list of Python numbers over the ranks of this role."""
+    if not ctx.distributed:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctx.group)
+    return t.tolist()
+
+
+def new_groups(rank_lists: list[list[int]], timeout_s: float) -> Optional[dist.ProcessGroup]:
+    """One process group per list of ranks (collective: every rank of the world calls it with the same lists);
+    returns the group this rank belongs to, None if none. Collectives in these groups fail after ``timeout_s``."""
+    mine = None
+    for ranks in rank_lists:
+        group = dist.new_group(ranks, timeout=datetime.timedelta(seconds=timeout_s))
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
+
+
 def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
     """Sum gradients over the drafter ranks (the loss is already normalised by the global supervised count).
 

@@ -1,41 +1,71 @@
 """Feature sources: what the trainer iterates to get packed micro-batches of target features.
 
-A feature source (the ``FeatureSource`` protocol) yields, per optimizer step, the list of ``PackedBatch``
-micro-batches this drafter rank trains on, and saves / restores its data position for checkpoints.
+A feature source (the ``FeatureSource`` protocol) yields, per optimizer step, the ``StepBatches`` this drafter
+rank trains on (the step's counts, then its ``PackedBatch`` micro-batches, which a streamed source receives one
+at a time while the trainer works through them), and saves / restores its data position for checkpoints.
 ``InProcessFeatureSource`` is the colocated implementation: the process runs the frozen target itself; the
 streamed one (``streaming.streamed_source``) receives the same batches from a target worker. The order of
 sequences, the anchors and therefore every batch are a pure function of (seed, epoch, position), so a resumed
 run sees exactly the batches an uninterrupted one would, and a streamed source that follows the same plan
 produces the same features.
+
+A step's share of sequences is strided over the drafter ranks (rank ``r`` of ``D`` takes every ``D``-th sequence
+from position ``r``), so ``D`` need not divide the sequences per step: shares then differ by one sequence, and the
+trainer's loss is still normalised by the supervised slots of all ranks together.
+
+Each share is run through the target ``micro_batch_sequences`` rows at a time (one *chunk*); a chunk's anchors
+and packing depend only on token ids and loss masks, so ``chunk_plans`` knows every micro-batch's supervised
+count before ``build_chunk`` runs the target.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional, Protocol, Sequence
+from typing import Iterable, Iterator, Optional, Protocol, Sequence
 
 import torch
 
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.packing.packer import SequenceItem, pack_sequences
+from deepspec_train.packing.packer import (
+    BlockGroup, SequenceItem, build_packed_batch, count_supervised, plan_micro_batches,
+)
 from deepspec_train.target.hidden_states import TargetTap
 
 
 @dataclass
 class StreamWindow:
     """What a streamed source measured since it was last asked: seconds spent waiting on the stream, wall
-    seconds, and bytes received."""
+    seconds, bytes received, and per target group the peak bytes its send queue held so far (0 for a group that
+    does not feed this drafter)."""
 
     wait_seconds: float
     wall_seconds: float
     bytes_received: float
+    peak_bytes_in_flight: list[float]
+
+
+@dataclass
+class StepBatches:
+    """One optimizer step of one drafter rank: the counts the trainer needs before its first backward (the
+    normaliser and, for DeepSpeed, the backward count), then the micro-batches, to be iterated exactly once."""
+
+    num_batches: int
+    # Micro-batches with at least one supervised slot (the others are skipped).
+    num_active: int
+    num_supervised: int
+    batches: Iterable[PackedBatch]
+
+    @classmethod
+    def of(cls, batches: list[PackedBatch]) -> "StepBatches":
+        supervised = [b.num_supervised for b in batches]
+        return cls(len(batches), sum(1 for n in supervised if n > 0), sum(supervised), batches)
 
 
 class FeatureSource(Protocol):
     """What the trainer iterates: per optimizer step, this drafter rank's micro-batches."""
 
-    def __iter__(self) -> Iterator[list[PackedBatch]]: ...
+    def __iter__(self) -> Iterator[StepBatches]: ...
 
     def state_dict(self) -> dict:
         """The data position to resume from (saved in checkpoints)."""
@@ -73,6 +103,17 @@ def epoch_order(num_samples: int, seed: int, epoch: int, shuffle: bool) -> torch
 
 
 @dataclass
+class ChunkPlan:
+    """One target forward's rows and the packed micro-batches they become (``groups``, one list of block groups
+    per micro-batch, and their supervised slots), from token ids and loss masks alone."""
+
+    rows: list[dict]
+    anchors: list[torch.Tensor]
+    groups: list[list[BlockGroup]]
+    supervised: list[int]
+
+
+@dataclass
 class DataPosition:
     """Where a source is in its data: the resume point saved in checkpoints."""
 
@@ -84,7 +125,7 @@ class InProcessFeatureSource:
     """Colocated feature source over a tokenised dataset (columns ``input_ids``, ``loss_mask``, ``sample_id``).
 
     Each optimizer step consumes ``sequences_per_step`` sequences globally; this rank takes its strided share
-    and runs the target over it ``micro_batch_sequences`` at a time.
+    (see the module docstring) and runs the target over it ``micro_batch_sequences`` at a time.
     """
 
     def __init__(
@@ -100,8 +141,6 @@ class InProcessFeatureSource:
         device: torch.device | str = "cpu",
         shuffle: bool = True,
     ):
-        if sequences_per_step % world_size:
-            raise ValueError(f"{sequences_per_step} sequences per step do not split over {world_size} drafter ranks")
         if len(dataset) < sequences_per_step:
             raise ValueError(f"dataset has {len(dataset)} sequences, fewer than one step's {sequences_per_step}")
         self.dataset = dataset
@@ -144,29 +183,54 @@ class InProcessFeatureSource:
             indices = self.step_sample_indices(self.position.epoch, self.position.step_in_epoch)
             batches = self.batches_for(indices, self.position.epoch)
             self.position = DataPosition(self.position.epoch, self.position.step_in_epoch + 1)
-            yield batches
+            yield StepBatches.of(batches)
 
     def batches_for(self, indices: list[int], epoch: int) -> list[PackedBatch]:
-        batches: list[PackedBatch] = []
+        return [batch for chunk in self.chunk_plans(indices, epoch) for batch in self.build_chunk(chunk)]
+
+    def chunk_plans(self, indices: list[int], epoch: int) -> list[ChunkPlan]:
+        """The chunks of ``indices`` with their anchors and packing; no target forward."""
+        spec = self.packing
+        plans = []
         for start in range(0, len(indices), self.micro_batch_sequences):
             rows = [self.dataset[i] for i in indices[start : start + self.micro_batch_sequences]]
-            batches.extend(self._pack_rows(rows, epoch))
-        return batches
+            anchors = [
+                sample_anchors(_loss_mask(row), spec.num_anchors, anchor_generator(self.seed, epoch, int(row["sample_id"])))
+                for row in rows
+            ]
+            groups = plan_micro_batches(anchors, spec.block_size, spec.token_budget)
+            supervised = [
+                sum(
+                    count_supervised(_input_ids(rows[g.item]), _loss_mask(rows[g.item]), g.anchors, spec.block_size,
+                                     spec.label_convention)
+                    for g in batch_groups
+                )
+                for batch_groups in groups
+            ]
+            plans.append(ChunkPlan(rows, anchors, groups, supervised))
+        return plans
 
-    def _pack_rows(self, rows: list[dict], epoch: int) -> list[PackedBatch]:
+    def build_chunk(self, chunk: ChunkPlan) -> list[PackedBatch]:
+        """Run the target over the chunk's rows and pack its micro-batches as planned."""
         spec = self.packing
-        ids = [torch.as_tensor(r["input_ids"], dtype=torch.long) for r in rows]
-        masks = [torch.as_tensor(r["loss_mask"], dtype=torch.bool) for r in rows]
+        ids = [_input_ids(r) for r in chunk.rows]
         states = run_target(self.tap, ids, self.device)
-        items, anchors = [], []
-        for row, seq_ids, mask, (ctx, final) in zip(rows, ids, masks, states):
-            sample_id = int(row["sample_id"])
-            items.append(SequenceItem(seq_ids, mask, ctx, final, sample_id))
-            anchors.append(sample_anchors(mask, spec.num_anchors, anchor_generator(self.seed, epoch, sample_id)))
-        packed = pack_sequences(
-            items, anchors, spec.block_size, spec.token_budget, spec.mask_token_id, spec.label_convention
-        )
-        return [batch.to(self.device) for batch in packed]
+        items = [
+            SequenceItem(seq_ids, _loss_mask(row), ctx, final, int(row["sample_id"]))
+            for row, seq_ids, (ctx, final) in zip(chunk.rows, ids, states)
+        ]
+        return [
+            build_packed_batch(items, groups, spec.block_size, spec.mask_token_id, spec.label_convention).to(self.device)
+            for groups in chunk.groups
+        ]
+
+
+def _input_ids(row: dict) -> torch.Tensor:
+    return torch.as_tensor(row["input_ids"], dtype=torch.long)
+
+
+def _loss_mask(row: dict) -> torch.Tensor:
+    return torch.as_tensor(row["loss_mask"], dtype=torch.bool)
 
 
 def run_target(

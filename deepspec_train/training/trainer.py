@@ -1,9 +1,11 @@
 """The drafter training loop: gradient accumulation over packed micro-batches, clipping, warmup + cosine LR,
 periodic validation and checkpoints, per-position metrics.
 
-The trainer only sees a feature source (``training.feature_source.FeatureSource``: per-step lists of
-``PackedBatch``), a drafter module and the frozen target LM-head weight; it does not know whether features were
-computed in-process or streamed. How gradients meet is the engine's business (``training.local_engine``: one
+The trainer only sees a feature source (``training.feature_source.FeatureSource``: per step, the counts of its
+``PackedBatch`` micro-batches, then the micro-batches one at a time), a drafter module and the frozen target
+LM-head weight; it does not know whether features were computed in-process or streamed. Each micro-batch's loss
+is divided by the step's supervised slots over all drafter ranks before its backward, so the step's gradient is
+the same however the step's micro-batches are split over ranks or messages. How gradients meet is the engine's business (``training.local_engine``: one
 flat all-reduce and torch clipping for ``train.distributed=ddp``; ``training.deepspeed_engine``: ZeRO-2 over the
 drafter ranks); the optimizer, the LR curve and the checkpoint files are the same for both.
 """
@@ -30,8 +32,8 @@ from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.training.batch_loss import batch_loss
 from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, save_checkpoint
-from deepspec_train.training.distributed import DistContext, all_reduce_sum
-from deepspec_train.training.feature_source import FeatureSource
+from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from deepspec_train.training.feature_source import FeatureSource, StepBatches
 from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
 from deepspec_train.training.lr_schedule import warmup_cosine
 
@@ -114,16 +116,19 @@ class DrafterTrainer:
         load_checkpoint(self.ctx, path, self.model, self.engine.train_state(), self.scheduler, state)
         log.info("resumed from %s at step %d", path, self.step)
 
-    def _accumulate(self, micro_batches: list[PackedBatch], stats: PositionStats) -> tuple[float, dict[str, float]]:
-        """Forward/backward every micro-batch of one optimizer step; returns the step loss and loss parts."""
-        local_supervised = float(sum(b.num_supervised for b in micro_batches))
-        normalizer = max(all_reduce_sum(local_supervised, self.ctx), 1.0)
+    def _accumulate(self, step: StepBatches, stats: PositionStats) -> tuple[float, dict[str, float]]:
+        """Forward/backward every micro-batch of one optimizer step, each as it comes (a streamed step's batches
+        arrive one by one); returns the step loss and loss parts."""
+        normalizer = max(all_reduce_sum(float(step.num_supervised), self.ctx), 1.0)
         total = {"loss": 0.0, "ce": 0.0, "tv": 0.0, "conf": 0.0}
-        active = [b for b in micro_batches if b.num_supervised > 0]
-        padding = self.engine.plan_step(len(active))
+        padding = self.engine.plan_step(step.num_active)
         # Backward calls spent on padding: the cost of uneven micro-batch counts across drafter ranks.
         total["padding_calls"] = float(padding)
-        for batch in active:
+        first: Optional[PackedBatch] = None
+        for batch in step.batches:
+            first = batch if first is None else first
+            if batch.num_supervised == 0:
+                continue
             result = self._forward_loss(batch, normalizer)
             self.engine.backward(result.loss.loss)
             out = result.loss
@@ -132,11 +137,10 @@ class DrafterTrainer:
             total["tv"] += float(out.tv_sum) / normalizer
             total["conf"] += float(out.conf_sum) / normalizer
             stats.update(result.slot_index, out.c_star, out.draft_correct, out.conf_prob)
-        if active:
             # Kept for padding calls of later steps on which this rank may have no micro-batch of its own.
-            self._padding_batch = active[-1]
+            self._padding_batch = batch
         for _ in range(padding):
-            self._padding_backward(micro_batches)
+            self._padding_backward(first)
         for key in total:
             total[key] = all_reduce_sum(total[key], self.ctx)
         return total["loss"], {f"train/{k}": v for k, v in total.items()} | {"train/supervised_tokens": normalizer}
@@ -147,15 +151,15 @@ class DrafterTrainer:
         with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=engine.autocast_bf16):
             return batch_loss(engine.forward_module, batch, self.cfg, self.target_head_weight, normalizer, self.attention)
 
-    def _padding_backward(self, micro_batches: list[PackedBatch]) -> None:
+    def _padding_backward(self, first: Optional[PackedBatch]) -> None:
         """One backward that changes nothing, for an engine that needs equal backward counts on every rank: a
         real forward with the loss times zero, so gradient hooks fire exactly as on the ranks that still have
-        data (see ``deepspeed_engine``)."""
+        data (see ``deepspeed_engine``). ``first`` is this step's first micro-batch, if any."""
         batch = self._padding_batch
         if batch is None:
-            if not micro_batches:
+            if first is None:
                 raise RuntimeError("drafter rank got no micro-batch in its first step: nothing to pad the step with")
-            batch = micro_batches[0]
+            batch = first
         self.engine.backward(self._forward_loss(batch, 1.0).loss.loss * 0.0)
 
     def _update(self) -> float:
@@ -166,7 +170,7 @@ class DrafterTrainer:
 
     def fit(self) -> TrainSummary:
         resume = self._resume_position()
-        iterator: Iterator[list[PackedBatch]] = iter(self.train_source)
+        iterator: Iterator[StepBatches] = iter(self.train_source)
         pending = next(iterator) if self.step < self.total_steps else None
         self._synchronise_replicas()
         if resume is not None:
@@ -179,9 +183,9 @@ class DrafterTrainer:
         val_metrics: dict[str, float] = {}
         self.engine.forward_module.train()
         while self.step < self.total_steps:
-            micro_batches = pending if pending is not None else next(iterator)
+            step_batches = pending if pending is not None else next(iterator)
             pending = None
-            loss, parts = self._accumulate(micro_batches, stats)
+            loss, parts = self._accumulate(step_batches, stats)
             grad_norm = self._update()
             self.step += 1
             self.loss_history.append(loss)
@@ -221,17 +225,20 @@ class DrafterTrainer:
 
     def _stream_metrics(self, supervised_tokens: float) -> dict[str, float]:
         """Streamed sources only: the share of drafter time spent waiting on the stream (mean over drafter
-        ranks) and the bytes received per supervised token (all drafter ranks together)."""
+        ranks), the bytes received per supervised token (all drafter ranks together) and, per target group, the
+        peak bytes its send queue has held so far."""
         window = self.train_source.pop_stream_metrics()
         if window is None:
             return {}
         ranks = self.ctx.world_size
         wait_frac = window.wait_seconds / max(window.wall_seconds, 1e-9)
+        peaks = all_reduce_max(window.peak_bytes_in_flight, self.ctx)
         return {
             "stream/target_wait_frac": all_reduce_sum(wait_frac, self.ctx) / ranks,
             "stream/wire_bytes_per_supervised_token":
                 all_reduce_sum(window.bytes_received, self.ctx) / max(supervised_tokens, 1.0),
-        }
+            "stream/peak_bytes_in_flight": max(peaks),
+        } | {f"stream/peak_bytes_in_flight_group{g}": peak for g, peak in enumerate(peaks)}
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:
