@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
-from deepspec_train.kinds.spec import DrafterKind, LossInputs
+from deepspec_train.kinds.spec import DrafterKind, LossInputs, layer_stack_flops
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:
@@ -146,18 +146,11 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
     projections of its 2d-wide input, the layer runs once per block slot (the TTT steps), slot ``k`` of the block
     at ``a`` sees ``a`` context entries and slots ``0..k``; at each supervised slot the trainable draft-vocabulary
     LM head (forward, input and weight gradients) and the target LM head (forward)."""
-    d, hd, block = geometry.hidden_size, geometry.head_dim, cfg.drafter.block_size
-    q, kv = geometry.num_attention_heads * hd, geometry.num_key_value_heads * hd
-    layers, taps = cfg.drafter.num_layers, len(cfg.target.layer_ids)
-    layer = 2 * d * (q + 2 * kv) + q * d + 3 * d * geometry.intermediate_size
-    context_projection = taps * d * d + layers * 2 * (2 * d) * kv
+    d, block, vocab = geometry.hidden_size, cfg.drafter.block_size, geometry.vocab_size
     visible = sum(block * a + block * (block - 1) // 2 for a in anchors)
-    vocab = geometry.vocab_size
     draft_vocab = cfg.drafter.draft_vocab_size or vocab
     heads = supervised * (3 * 2 * d * draft_vocab + 2 * d * vocab)
-    linear = 2 * (layer * layers * len(anchors) * block + context_projection * max(anchors))
-    attention = 4 * geometry.num_attention_heads * hd * visible * layers
-    return 3 * (linear + attention) + heads
+    return layer_stack_flops(cfg, geometry, anchors, 2 * d, visible, heads)
 
 
 def _layouts(labels: str) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
-from deepspec_train.kinds.spec import DrafterKind, LossInputs
+from deepspec_train.kinds.spec import DrafterKind, LossInputs, layer_stack_flops
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:
@@ -105,17 +105,10 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
     context row through ``fc`` and each layer's k/v projections, each slot attends to the context before its
     anchor and to its block; at each supervised slot the frozen LM head (forward + input gradient), the target
     LM head (forward) and the Markov factor ``W2`` (trainable)."""
-    d, hd, block = geometry.hidden_size, geometry.head_dim, cfg.drafter.block_size
-    q, kv = geometry.num_attention_heads * hd, geometry.num_key_value_heads * hd
-    layers, taps = cfg.drafter.num_layers, len(cfg.target.layer_ids)
-    layer = d * (q + 2 * kv) + q * d + 3 * d * geometry.intermediate_size
-    context_projection = taps * d * d + layers * 2 * d * kv
+    d, block, vocab = geometry.hidden_size, cfg.drafter.block_size, geometry.vocab_size
     visible = sum((a + block) * block for a in anchors)
-    vocab = geometry.vocab_size
     heads = supervised * (3 * 2 * d * vocab + 3 * 2 * cfg.drafter.markov_rank * vocab)
-    linear = 2 * (layer * layers * len(anchors) * block + context_projection * max(anchors))
-    attention = 4 * geometry.num_attention_heads * hd * visible * layers
-    return 3 * (linear + attention) + heads
+    return layer_stack_flops(cfg, geometry, anchors, d, visible, heads)
 
 
 def _dspark_layouts(labels: str) -> tuple[str, ...]:

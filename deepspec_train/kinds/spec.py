@@ -89,3 +89,21 @@ class DrafterKind:
                 if tuple(value.shape) != tuple(target.shape):
                     raise ValueError(f"target {name} is {tuple(value.shape)}, the drafter expects {tuple(target.shape)}")
                 target.copy_(value)
+
+
+def layer_stack_flops(
+    cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], attention_input: int, visible_pairs: int,
+    head_flops: float,
+) -> float:
+    """The part of the kinds' cost models they share (forward + backward, backward twice forward): the drafter's
+    ``num_layers`` decoder layers, whose attention projects an ``attention_input``-wide input, run once per block
+    slot; every context row goes through ``fc`` and each layer's key / value projections; each layer attends over
+    ``visible_pairs`` (query, key) pairs; ``head_flops`` are the LM-head work at the supervised slots."""
+    d, hd, block = geometry.hidden_size, geometry.head_dim, cfg.drafter.block_size
+    q, kv = geometry.num_attention_heads * hd, geometry.num_key_value_heads * hd
+    layers, taps = cfg.drafter.num_layers, len(cfg.target.layer_ids)
+    layer = attention_input * (q + 2 * kv) + q * d + 3 * d * geometry.intermediate_size
+    context_projection = taps * d * d + layers * 2 * attention_input * kv
+    linear = 2 * (layer * layers * len(anchors) * block + context_projection * max(anchors))
+    attention = 4 * geometry.num_attention_heads * hd * visible_pairs * layers
+    return 3 * (linear + attention) + head_flops
