@@ -1,4 +1,4 @@
-"""DSpark and DFlash drafters for Qwen3-4B/8B/14B, built on the meta device, have FORMATS.md's tensor shapes."""
+"""DSpark and DFlash drafters for Qwen3-4B/8B/14B, built on the meta device, have the tensor shapes of the DSpark serving layout (DeepSpec's release format)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ CONFIGS = qwen3_reference_configs()
 
 
 def expected_shapes(cfg, num_layers: int, num_taps: int, rank: int, confidence: bool) -> dict[str, tuple]:
-    """Tensor name -> shape of FORMATS.md's DSpark layout (DFlash trained with DSpark labels: rank 0, no head)."""
+    """Tensor name -> shape in the DSpark layout (DFlash trained with DSpark labels: rank 0, no head)."""
     d, v, i, h = cfg.hidden_size, cfg.vocab_size, cfg.intermediate_size, cfg.head_dim
     heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
     shapes = {
