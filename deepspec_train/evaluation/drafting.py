@@ -8,8 +8,10 @@ the decoder uses ``R = 1``; the losslessness test drafts thousands of rows at on
 
 - DSpark / DFlash (``ParallelBlockDrafter``): the backbone runs once over ``[x_a, MASK, ...]`` (once per distinct
   anchor); then slots are sampled left to right, slot ``k``'s logits being the backbone logits plus the Markov
-  bias ``W1[prev] @ W2`` of the token sampled for the slot before (``prev_0 = x_a``). The confidence logit of
-  slot ``k`` uses the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
+  bias ``W2 u_k`` computed from the token sampled for the slot before (``prev_0 = x_a``): ``u_k = W1[prev]``
+  for the vanilla head, gated by the slot state for the gated head, the recurrent state's output for the RNN
+  head (which carries its state from slot to slot). The confidence logit of slot ``k`` reads ``W1[prev]`` with
+  the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
   (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``.
 - EAGLE-3 (``Eagle3BlockDrafter``): autoregressive; step ``k`` consumes the token sampled at step ``k-1``. Its
   draft vocabulary is mapped back to target ids through ``d2t``, and ``q`` is zero outside the draft vocabulary.
@@ -136,14 +138,17 @@ class ParallelBlockDrafter:
         anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True)
         batch = _anchor_batch(context, anchors, module.block_size, module.mask_token_id)
         hidden = module.backbone(batch)[row_anchor]
+        head = module.markov_head
+        state = None if head is None else head.initial_state(hidden[:, 0])
         prev = anchor_tokens.clone()
         tokens, probs, conf = [], [], []
         for k in range(num_tokens):
             slot_hidden = hidden[:, k + self.slot_offset]
             logits = module.lm_head(slot_hidden)
             rows = module.markov_rows(prev)
-            if rows is not None:
-                logits = logits + module.markov_bias(rows)
+            if head is not None:
+                latent, state = head.step(prev, slot_hidden, state)
+                logits = logits + module.markov_bias(latent)
             if module.confidence_head is not None:
                 conf.append(module.confidence_logits(slot_hidden, rows).float())
             q = probs_from_logits(logits, temperature)

@@ -7,10 +7,14 @@ the block's own. Which context rows and slots a query sees comes from the batch 
 (``deepspec_train.packing.attention_mask``): context of its own sequence before its anchor, and its whole
 block (bidirectional). Token embedding and LM head are frozen copies of the target's.
 
-DSpark adds a low-rank Markov head (slot logits += ``W1[x_prev] @ W2``) and a confidence head
-(``Linear(d + r, 1)`` on ``[h_k ; W1[x_prev]]``). DFlash is ``markov_rank = 0`` and ``confidence_head =
-False``: a recipe switch. ``forward`` returns slot states only at supervised slots; full-vocabulary logits
-are left to the chunked loss (``slot_logits`` computes them for inference and tests).
+DSpark adds a low-rank Markov head (slot logits += ``W2 u_k``, ``u_k`` an ``r``-dim latent of the previous
+token ``x_prev``) and a confidence head (``Linear(d + r, 1)`` on ``[h_k ; W1[x_prev]]``). The Markov head is one
+of DeepSpec's / SGLang's three ``markov_head_type`` forms (``MarkovHead``): ``vanilla`` (``u_k = W1[x_prev]``),
+``gated`` (a sigmoid gate on ``W1[x_prev]`` read from ``[h_k ; W1[x_prev]]``) or ``rnn`` (a GRU-like state carried
+left to right through the block's slots, so slot ``k`` sees every earlier token of its block, not only the last).
+DFlash is ``markov_rank = 0`` and ``confidence_head = False``: a recipe switch. ``forward`` returns slot states
+only at supervised slots; full-vocabulary logits are left to the chunked loss (``slot_logits`` computes them for
+inference and tests).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
 
 INIT_STD = 0.02
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
 @dataclass
@@ -36,6 +41,7 @@ class DrafterOutput:
     """Drafter states at the supervised slots, in row-major order of ``batch.supervised_mask``."""
 
     hidden: torch.Tensor
+    # The Markov latents ``u`` (``W2 u`` is the bias): ``W1[x_prev]`` for the vanilla head.
     markov_rows: Optional[torch.Tensor]
     conf_logits: Optional[torch.Tensor]
     slot_index: torch.Tensor
@@ -116,12 +122,65 @@ class ParallelDecoderLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """Low-rank first-order bias: ``W1[x_prev] @ W2`` (``markov_w2.weight`` is ``[V, r]``)."""
+    """Low-rank sequential bias ``W2 u_k`` (``markov_w2.weight`` is ``[V, r]``), in DeepSpec's three forms.
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    With ``e_k = W1[x_prev]`` (``markov_w1 [V, r]``) and ``h_k`` the slot's final-normed state (the LM head's
+    input), the latent ``u_k`` is:
+
+    - ``vanilla``: ``e_k``;
+    - ``gated``: ``sigmoid(gate_proj([h_k ; e_k])) * e_k`` (``gate_proj [r, d + r]`` with bias);
+    - ``rnn``: ``[g; c; o] = joint_proj([s_{k-1} ; e_k ; h_k])`` (``joint_proj [3r, 2r + d]`` with bias, chunked
+      in that order), ``s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c)`` from ``s_0 = 0`` at the block's
+      first slot, ``u_k = tanh(o)``.
+
+    Names, shapes and formulas are SGLang's ``models/dspark.py`` (``VanillaMarkov`` / ``GatedMarkovHead`` /
+    ``RNNHead``), which loads each type; vLLM's ``qwen3_dspark.py`` has only the vanilla head.
+    """
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, head_type: str = "vanilla") -> None:
         super().__init__()
+        if head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {head_type!r}")
+        self.head_type = head_type
+        self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        if head_type == "gated":
+            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+        elif head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    def initial_state(self, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """The recurrent state before a block's first slot (``[*like.shape[:-1], r]`` zeros; None without one)."""
+        if self.head_type != "rnn":
+            return None
+        return like.new_zeros(*like.shape[:-1], self.rank)
+
+    def step(
+        self, prev_tokens: torch.Tensor, hidden: torch.Tensor, state: Optional[torch.Tensor]
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One slot: ``prev_tokens [...]``, ``hidden [..., d]``, ``state [..., r]`` -> (latent ``u [..., r]``, next
+        state)."""
+        embed = self.markov_w1(prev_tokens)
+        if self.head_type == "vanilla":
+            return embed, state
+        hidden = hidden.to(embed.dtype)
+        if self.head_type == "gated":
+            return torch.sigmoid(self.gate_proj(torch.cat([hidden, embed], dim=-1))) * embed, state
+        gate, candidate, output = self.joint_proj(torch.cat([state, embed, hidden], dim=-1)).chunk(3, dim=-1)
+        gate = torch.sigmoid(gate)
+        return torch.tanh(output), gate * state + (1.0 - gate) * torch.tanh(candidate)
+
+    def block_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced latents of whole blocks: ``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``."""
+        if self.head_type != "rnn":
+            return self.step(prev_tokens, hidden, None)[0]
+        state = self.initial_state(hidden[:, 0])
+        latents = []
+        for k in range(prev_tokens.shape[1]):
+            latent, state = self.step(prev_tokens[:, k], hidden[:, k], state)
+            latents.append(latent)
+        return torch.stack(latents, dim=1)
 
 
 class ConfidenceHead(nn.Module):
@@ -145,6 +204,9 @@ class ParallelDrafter(nn.Module):
         self.mask_token_id = drafter_cfg.mask_token_id
         self.target_layer_ids = list(target_layer_ids)
         self.markov_rank = rank
+        self.markov_init = drafter_cfg.markov_init
+        # Whether the confidence BCE trains the features it reads (DeepSpec: yes) or only the head's own weights.
+        self.confidence_joint = drafter_cfg.confidence_gradient == "joint"
 
         self.embed_tokens = nn.Embedding(vocab, d)
         self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
@@ -153,7 +215,7 @@ class ParallelDrafter(nn.Module):
         self.norm = RMSNorm(d, geometry.rms_norm_eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.rotary = RotaryEmbedding.for_geometry(geometry)
-        self.markov_head = MarkovHead(vocab, rank) if rank > 0 else None
+        self.markov_head = MarkovHead(vocab, rank, d, drafter_cfg.markov_head_type) if rank > 0 else None
         self.confidence_head = ConfidenceHead(d, rank) if drafter_cfg.confidence_head else None
         self.reset_parameters()
         self.embed_tokens.requires_grad_(False)
@@ -161,7 +223,8 @@ class ParallelDrafter(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Qwen3-style init (normal, std 0.02; norms at 1). The Markov bias starts at zero (DFlash behaviour)."""
+        """Qwen3-style init (normal, std 0.02; biases at 0; norms at 1). ``markov_init`` picks ``markov_w2``'s:
+        ``zero`` (the Markov bias starts at nothing: DFlash's behaviour at step 0) or ``normal`` (DeepSpec's)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=INIT_STD)
@@ -169,7 +232,7 @@ class ParallelDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
-        if self.markov_head is not None:
+        if self.markov_head is not None and self.markov_init == "zero":
             nn.init.zeros_(self.markov_head.markov_w2.weight)
 
     @torch.no_grad()
@@ -202,23 +265,29 @@ class ParallelDrafter(nn.Module):
         return self.norm(x).view(batch.num_blocks, batch.block_size, -1)
 
     def markov_rows(self, prev_tokens: torch.Tensor) -> Optional[torch.Tensor]:
-        """``W1[x_prev]``, ``[..., r]``; None for a drafter without a Markov head."""
+        """``W1[x_prev]``, ``[..., r]`` (the confidence head's Markov input); None without a Markov head."""
         return None if self.markov_head is None else self.markov_head.markov_w1(prev_tokens)
 
-    def markov_bias(self, rows: torch.Tensor) -> torch.Tensor:
-        """``rows @ W2^T``: the Markov logit bias ``[..., V]``."""
+    def markov_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """The latents ``u`` that ``W2`` maps to the Markov bias, for whole teacher-forced blocks
+        (``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``); None without a Markov head."""
+        return None if self.markov_head is None else self.markov_head.block_latents(prev_tokens, hidden)
+
+    def markov_bias(self, latents: torch.Tensor) -> torch.Tensor:
+        """``latents @ W2^T``: the Markov logit bias ``[..., V]``."""
         if self.markov_head is None:
             raise RuntimeError("this drafter has no Markov head (markov_rank 0)")
-        return self.markov_head.markov_w2(rows)
+        return self.markov_head.markov_w2(latents)
 
     def confidence_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
-        """Confidence logit ``[...]`` from slot states ``[..., d]`` and Markov rows ``[..., r]``."""
+        """Confidence logit ``[...]`` from slot states ``[..., d]`` and ``W1[x_prev]`` rows ``[..., r]``."""
         if self.confidence_head is None:
             raise RuntimeError("this drafter has no confidence head")
-        # The head reads the drafting features without training them: with the BCE gradient flowing back into the
-        # backbone and the Markov rows, tiny-world DSpark's validation E[L] fell from 2.76 to 2.54 (300 steps),
-        # no better than DFlash's 2.54; detached, drafting quality is untouched and the head still learns.
-        features = hidden.detach() if rows is None else torch.cat([hidden.detach(), rows.detach().to(hidden.dtype)], dim=-1)
+        if not self.confidence_joint:
+            # Detached: the BCE trains the head's own projection only, never the drafting features it reads.
+            hidden = hidden.detach()
+            rows = None if rows is None else rows.detach()
+        features = hidden if rows is None else torch.cat([hidden, rows.to(hidden.dtype)], dim=-1)
         return self.confidence_head.proj(features).squeeze(-1)
 
     def forward(
@@ -226,11 +295,16 @@ class ParallelDrafter(nn.Module):
     ) -> DrafterOutput:
         """States at supervised slots (no vocabulary-sized tensors: the loss applies ``lm_head`` in chunks)."""
         supervised = batch.supervised_mask
-        hidden = self.backbone(batch, attention, compiled)[supervised]
+        blocks = self.backbone(batch, attention, compiled)
+        hidden = blocks[supervised]
         rows = self.markov_rows(batch.block_prev[supervised])
+        latents = rows
+        if self.markov_head is not None and self.markov_head.head_type != "vanilla":
+            # Gated and RNN latents read the slot states (RNN: of every earlier slot of the block too).
+            latents = self.markov_latents(batch.block_prev, blocks)[supervised]
         conf = self.confidence_logits(hidden, rows) if self.confidence_head is not None else None
         slot_index = torch.arange(batch.block_size, device=supervised.device).expand_as(supervised)[supervised]
-        return DrafterOutput(hidden=hidden, markov_rows=rows, conf_logits=conf, slot_index=slot_index)
+        return DrafterOutput(hidden=hidden, markov_rows=latents, conf_logits=conf, slot_index=slot_index)
 
     def slot_logits(
         self,
@@ -239,8 +313,9 @@ class ParallelDrafter(nn.Module):
         attention: AttentionBackend = "sdpa",
     ) -> torch.Tensor:
         """Full draft logits ``[Nb, B, V]``; ``prev_tokens [Nb, B]`` defaults to ``batch.block_prev``."""
-        logits = self.lm_head(self.backbone(batch, attention))
+        hidden = self.backbone(batch, attention)
+        logits = self.lm_head(hidden)
         if self.markov_head is not None:
             prev = batch.block_prev if prev_tokens is None else prev_tokens
-            logits = logits + self.markov_bias(self.markov_rows(prev))
+            logits = logits + self.markov_bias(self.markov_latents(prev, hidden))
         return logits
