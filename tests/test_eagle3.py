@@ -374,3 +374,29 @@ def test_qwen3_shapes_on_meta_device() -> None:
         }, name
         assert drafter.d2t.dtype == torch.long and drafter.t2d.dtype == torch.bool
     assert {"Qwen3-4B", "Qwen3-8B", "Qwen3-14B"} <= set(configs)
+
+
+@torch.no_grad()
+def test_kv_cached_drafting_equals_the_unroll() -> None:
+    """Decode-time drafting steps through a KV cache; its per-step states and draft distributions equal the
+    training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once."""
+    from deepspec_train.evaluation.drafting import DraftContext, Eagle3BlockDrafter, _anchor_batch
+
+    block = 5
+    drafter = make_drafter(block)
+    gen = torch.Generator().manual_seed(7)
+    length = 13
+    context = DraftContext(torch.randn(length, 3 * TINY.hidden_size, generator=gen),
+                           torch.randint(2, TINY.vocab_size, (length,), generator=gen))
+    anchors = torch.tensor([4, 4, 9, 17])
+    draft = Eagle3BlockDrafter(drafter).draft(context, anchors, block, 1.0, torch.Generator().manual_seed(1))
+    batch = _anchor_batch(context, anchors, block, fill_token=0)
+    batch.block_prev = torch.cat([anchors[:, None], draft.tokens[:, :-1]], dim=1)
+    hidden = drafter.unroll(batch, block)
+    probs = torch.softmax(drafter.lm_head(drafter.norm(hidden)), dim=-1)
+    expected = probs.new_zeros(len(anchors), block, TINY.vocab_size)
+    expected[:, :, drafter.draft_vocab.target_ids()] = probs
+    torch.testing.assert_close(draft.probs, expected, rtol=1e-5, atol=1e-6)
+    steps = drafter.start_draft(_anchor_batch(context, anchors, block, fill_token=0))
+    for k in range(block):
+        torch.testing.assert_close(steps.step(batch.block_prev[:, k]), hidden[:, k], rtol=1e-5, atol=1e-6)

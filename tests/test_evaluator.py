@@ -23,7 +23,7 @@ from tests.evaluator_fixtures import BLOCK, drafter_recipe, load_tiny_target, ra
 MAX_NEW = 20
 TRACE_FIELDS = {
     "suite", "category", "prompt_id", "turn", "round", "drafted", "accepted", "emitted",
-    "confidence_logits", "confidences", "target_accept_probs",
+    "confidence_logits", "confidences", "target_accept_probs", "draft_seconds",
 }
 
 
@@ -221,11 +221,13 @@ def test_eval_cli_writes_results_and_traces(target, tmp_path):
     traces = [json.loads(line) for line in traces_path.read_text().splitlines()]
     assert results["drafter_kind"] == "dspark" and results["block_size"] == BLOCK and results["temperature"] == 1.0
     assert all(set(t) == TRACE_FIELDS for t in traces)
+    assert all(t["draft_seconds"] > 0 for t in traces)
     assert {(t["prompt_id"], t["turn"]) for t in traces} == {("p1", 0), ("p1", 1), ("p2", 0)}
     entry = results["suites"]["mini"]
     assert set(entry["categories"]) == {"chat", "code"}
     assert entry["rounds"] == len(traces) and entry["tau"] >= 1.0
     assert entry["tau"] == pytest.approx(sum(t["emitted"] for t in traces) / len(traces))
+    assert entry["draft_ms_per_round"] == pytest.approx(1e3 * sum(t["draft_seconds"] for t in traces) / len(traces))
     for k in range(1, BLOCK + 1):
         assert entry["conditional_acceptance"][k - 1] == pytest.approx(_brute_conditional(traces, k))
     assert all(len(t["confidences"]) == t["drafted"] == BLOCK for t in traces)

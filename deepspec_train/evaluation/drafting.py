@@ -16,9 +16,11 @@ the decoder uses ``R = 1``; the losslessness test drafts thousands of rows at on
 - EAGLE-3 (``Eagle3BlockDrafter``): autoregressive; step ``k`` consumes the token sampled at step ``k-1``. Its
   draft vocabulary is mapped back to target ids through ``d2t``, and ``q`` is zero outside the draft vocabulary.
 
-The drafter's context keys/values are recomputed from all features on every call: ``O(context)`` work per
-round, which is cheap for the tiny world; EAGLE-3 also re-runs its earlier steps (``O(K^2)`` steps per block)
-to reuse the module's own unroll instead of a second implementation of the step.
+EAGLE-3 steps through a KV cache (``Eagle3Drafter.start_draft``): ``K`` drafts cost ``K`` one-position passes of
+its layer, as in a serving engine, so its measured draft time is not inflated by re-running earlier steps.
+Both kinds recompute their context keys/values from all features on every call (``O(context)`` work per round:
+one projection per drafter layer over the context rows, where an engine caches them); on the tiny world that is
+a small share of a round's draft time for both, and it is the same kind of work for both.
 """
 
 from __future__ import annotations
@@ -201,18 +203,16 @@ class Eagle3BlockDrafter:
         module = self.module
         vocab = module.t2d.shape[0]
         target_ids = module.draft_vocab.target_ids()
-        # block_prev column k is step k's input token: the anchor, then each sampled draft in turn.
-        batch = _anchor_batch(context, anchor_tokens, num_tokens, fill_token=0)
+        steps = module.start_draft(_anchor_batch(context, anchor_tokens, num_tokens, fill_token=0))
+        token = anchor_tokens
         tokens, probs = [], []
-        for k in range(num_tokens):
-            # Step k only depends on steps 0..k, so unrolling k+1 steps yields exactly the autoregressive state.
-            hidden = module.unroll(batch, k + 1)[:, k]
+        for _ in range(num_tokens):
+            # Each step consumes the token sampled at the step before (the anchor first), on top of the KV cache.
+            hidden = steps.step(token)
             q_draft = probs_from_logits(module.lm_head(module.norm(hidden)), temperature)
             token = module.draft_vocab.draft_to_target(sample_tokens(q_draft, temperature, generator))
             q = q_draft.new_zeros(q_draft.shape[0], vocab)
             q[:, target_ids] = q_draft
-            if k + 1 < num_tokens:
-                batch.block_prev[:, k + 1] = token
             tokens.append(token)
             probs.append(q)
         return DraftBlock(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1), confidence_logits=None)

@@ -56,6 +56,8 @@ class RoundRecord:
     confidence_logits: Optional[list[float]]
     confidences: Optional[list[float]]
     target_accept_probs: list[float]
+    # Wall time of the drafter's call for this round (the draft alone, not the verification).
+    draft_seconds: float = 0.0
 
 
 @dataclass
@@ -213,7 +215,10 @@ class SpeculativeDecoder:
 
     def _round(self, session: TargetSession, turn: int, index: int) -> tuple[list[int], RoundRecord]:
         anchor = torch.tensor([session.tokens[-1]], device=session.device)
-        draft = self.drafter.draft(session.context(), anchor, self.block_size, self.temperature, self.generator)
+        context = session.context()
+        start = time.perf_counter()
+        draft = self.drafter.draft(context, anchor, self.block_size, self.temperature, self.generator)
+        draft_seconds = time.perf_counter() - start
         logits = session.verify_logits(draft.tokens[0].tolist())
         result, ratios = verify_drafts(draft, logits[None], self.temperature, self.generator)
         accepted = int(result.accepted[0])
@@ -231,6 +236,7 @@ class SpeculativeDecoder:
             confidence_logits=conf_logits,
             confidences=confidences,
             target_accept_probs=ratios[0].tolist(),
+            draft_seconds=draft_seconds,
         )
         return emitted, record
 

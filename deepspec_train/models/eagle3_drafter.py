@@ -276,6 +276,27 @@ class Eagle3Drafter(nn.Module):
             return hidden.new_zeros(nb, 0, self.geometry.hidden_size)
         return torch.stack(outputs, dim=1)
 
+    def start_draft(self, batch: PackedBatch) -> "DraftSteps":
+        """Decode-time stepping for blocks that all share one context and anchor (``_anchor_batch``): the context
+        keys / values are computed once here, then each ``DraftSteps.step`` runs one TTT step for every row on
+        top of the keys / values of the steps before (a KV cache: ``K`` steps cost ``K`` single-position passes,
+        where ``unroll(batch, k + 1)`` for each ``k`` re-runs every earlier step). Equal to ``unroll`` (tested)."""
+        if bool((batch.block_anchor != batch.block_anchor[0]).any()) or bool((batch.ctx_seq != 0).any()):
+            raise ValueError("start_draft needs blocks of one sequence at one anchor")
+        dtype = self.fc.weight.dtype
+        attn = self.midlayer.self_attn
+        entries = _context_entries(batch)
+        ctx_x = self.midlayer.fused_input(self.embed_tokens(entries.tokens), self.fc(entries.features.to(dtype)))
+        ctx_k, ctx_v = attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos))
+        prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
+        if not bool(found.all()):
+            raise ValueError("every block needs the target feature at position a-1 among its context rows")
+        hidden = self.fc(batch.ctx_features[prev_row].to(dtype))
+        rows = batch.num_blocks
+        # Per-row caches [R, G, T, h]: the shared context first, then each row's own steps.
+        return DraftSteps(self, ctx_k.expand(rows, -1, -1, -1), ctx_v.expand(rows, -1, -1, -1), hidden,
+                          int(batch.block_anchor[0]))
+
     @staticmethod
     def _step_mask(
         batch: PackedBatch,
@@ -295,3 +316,34 @@ class Eagle3Drafter(nn.Module):
         return _may_attend(
             q_block[:, None], q_seq[:, None], q_anchor[:, None], kv_block[None, :], kv_seq[None, :], kv_pos[None, :]
         )
+
+
+class DraftSteps:
+    """The KV-cached TTT state of ``R`` rows being drafted (made by ``Eagle3Drafter.start_draft``)."""
+
+    def __init__(
+        self, module: Eagle3Drafter, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, anchor: int
+    ) -> None:
+        self.module = module
+        self.keys = keys
+        self.values = values
+        self.hidden = hidden
+        self.position = anchor
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One TTT step consuming ``tokens [R]`` (the anchor first, then each row's last draft); returns the step's
+        pre-norm hidden ``[R, d]``, which the next step also consumes."""
+        module = self.module
+        attn = module.midlayer.self_attn
+        positions = torch.full_like(tokens, self.position)
+        cos, sin = module.rotary.cos_sin(positions)
+        x = module.midlayer.fused_input(module.embed_tokens(tokens), self.hidden)
+        # Rows are the batch dimension here: [1, heads, R, h] -> [R, heads, 1, h].
+        q = attn.queries(x, cos, sin).transpose(0, 2)
+        k, v = (t.transpose(0, 2) for t in attn.keys_values(x, cos, sin))
+        self.keys = torch.cat([self.keys, k], dim=2)
+        self.values = torch.cat([self.values, v], dim=2)
+        attended = attend(q, self.keys, self.values, None, "sdpa")
+        self.hidden = module.midlayer.finish(self.hidden, attn.output(attended.transpose(0, 2)))
+        self.position += 1
+        return self.hidden
