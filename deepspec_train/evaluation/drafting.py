@@ -203,7 +203,7 @@ class Eagle3BlockDrafter:
         module = self.module
         vocab = module.t2d.shape[0]
         target_ids = module.draft_vocab.target_ids()
-        steps = module.start_draft(_anchor_batch(context, anchor_tokens, num_tokens, fill_token=0))
+        steps = module.start_draft(_anchor_batch(context, anchor_tokens, num_tokens, fill_token=0), num_tokens)
         token = anchor_tokens
         tokens, probs = [], []
         for _ in range(num_tokens):

@@ -233,24 +233,9 @@ class Eagle3Drafter(nn.Module):
         width = len(self.target_layer_ids) * self.geometry.hidden_size
         if batch.ctx_features.shape[-1] != width:
             raise ValueError(f"ctx_features width {batch.ctx_features.shape[-1]} != taps * hidden ({width})")
-        dtype = self.fc.weight.dtype
         nb = batch.num_blocks
         attn = self.midlayer.self_attn
-
-        entries = _context_entries(batch)
-        # One length for every rotary call of this forward, so dynamic RoPE scaling rotates all keys and queries
-        # with the same frequencies (the largest position any step reaches, + 1).
-        last = [entries.pos.max()] if entries.pos.numel() else []
-        if nb and num_steps:
-            last.append((batch.block_anchor + num_steps - 1).max())
-        seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
-        ctx_x = self.midlayer.fused_input(self.embed_tokens(entries.tokens), self.fc(entries.features.to(dtype)))
-        ctx_k, ctx_v = attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos, seq_len))
-
-        prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
-        if not bool(found.all()):
-            raise ValueError("every block needs the target feature at position a-1 among its context rows")
-        hidden = self.fc(batch.ctx_features[prev_row].to(dtype))
+        entries, ctx_k, ctx_v, hidden, seq_len = self._context_and_first_hidden(batch, num_steps)
 
         device = hidden.device
         q_block = torch.arange(nb, device=device)
@@ -276,26 +261,39 @@ class Eagle3Drafter(nn.Module):
             return hidden.new_zeros(nb, 0, self.geometry.hidden_size)
         return torch.stack(outputs, dim=1)
 
-    def start_draft(self, batch: PackedBatch) -> "DraftSteps":
-        """Decode-time stepping for blocks that all share one context and anchor (``_anchor_batch``): the context
-        keys / values are computed once here, then each ``DraftSteps.step`` runs one TTT step for every row on
-        top of the keys / values of the steps before (a KV cache: ``K`` steps cost ``K`` single-position passes,
-        where ``unroll(batch, k + 1)`` for each ``k`` re-runs every earlier step). Equal to ``unroll`` (tested)."""
-        if bool((batch.block_anchor != batch.block_anchor[0]).any()) or bool((batch.ctx_seq != 0).any()):
-            raise ValueError("start_draft needs blocks of one sequence at one anchor")
+    def _context_and_first_hidden(
+        self, batch: PackedBatch, num_steps: int
+    ) -> tuple[_ContextEntries, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """The context entries, their keys / values ``[1, G, Nc, h]``, step 0's hidden input ``fc(g_{a-1})`` and
+        the rotary length of a forward of ``num_steps`` steps."""
         dtype = self.fc.weight.dtype
-        attn = self.midlayer.self_attn
         entries = _context_entries(batch)
+        # One length for every rotary call of this forward, so dynamic RoPE scaling rotates all keys and queries
+        # with the same frequencies (the largest position any step reaches, + 1).
+        last = [entries.pos.max()] if entries.pos.numel() else []
+        if batch.num_blocks and num_steps:
+            last.append((batch.block_anchor + num_steps - 1).max())
+        seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
         ctx_x = self.midlayer.fused_input(self.embed_tokens(entries.tokens), self.fc(entries.features.to(dtype)))
-        ctx_k, ctx_v = attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos))
+        ctx_k, ctx_v = self.midlayer.self_attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos, seq_len))
         prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
         if not bool(found.all()):
             raise ValueError("every block needs the target feature at position a-1 among its context rows")
-        hidden = self.fc(batch.ctx_features[prev_row].to(dtype))
+        return entries, ctx_k, ctx_v, self.fc(batch.ctx_features[prev_row].to(dtype)), seq_len
+
+    def start_draft(self, batch: PackedBatch, num_steps: int) -> "DraftSteps":
+        """Decode-time stepping for blocks that all share one context and anchor (``_anchor_batch``): the context
+        keys / values are computed once here, then each ``DraftSteps.step`` runs one TTT step for every row on
+        top of the keys / values of the steps before (a KV cache: ``K`` steps cost ``K`` single-position passes,
+        where ``unroll(batch, k + 1)`` for each ``k`` re-runs every earlier step). ``num_steps`` steps will be taken
+        (the rotary length of dynamic RoPE scaling). Equal to ``unroll(batch, num_steps)`` (tested)."""
+        if bool((batch.block_anchor != batch.block_anchor[0]).any()) or bool((batch.ctx_seq != 0).any()):
+            raise ValueError("start_draft needs blocks of one sequence at one anchor")
+        _, ctx_k, ctx_v, hidden, seq_len = self._context_and_first_hidden(batch, num_steps)
         rows = batch.num_blocks
         # Per-row caches [R, G, T, h]: the shared context first, then each row's own steps.
         return DraftSteps(self, ctx_k.expand(rows, -1, -1, -1), ctx_v.expand(rows, -1, -1, -1), hidden,
-                          int(batch.block_anchor[0]))
+                          int(batch.block_anchor[0]), seq_len)
 
     @staticmethod
     def _step_mask(
@@ -322,13 +320,15 @@ class DraftSteps:
     """The KV-cached TTT state of ``R`` rows being drafted (made by ``Eagle3Drafter.start_draft``)."""
 
     def __init__(
-        self, module: Eagle3Drafter, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, anchor: int
+        self, module: Eagle3Drafter, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, anchor: int,
+        seq_len: int,
     ) -> None:
         self.module = module
         self.keys = keys
         self.values = values
         self.hidden = hidden
         self.position = anchor
+        self.seq_len = seq_len
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """One TTT step consuming ``tokens [R]`` (the anchor first, then each row's last draft); returns the step's
@@ -336,7 +336,7 @@ class DraftSteps:
         module = self.module
         attn = module.midlayer.self_attn
         positions = torch.full_like(tokens, self.position)
-        cos, sin = module.rotary.cos_sin(positions)
+        cos, sin = module.rotary.cos_sin(positions, self.seq_len)
         x = module.midlayer.fused_input(module.embed_tokens(tokens), self.hidden)
         # Rows are the batch dimension here: [1, heads, R, h] -> [R, heads, 1, h].
         q = attn.queries(x, cos, sin).transpose(0, 2)
