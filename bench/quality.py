@@ -18,7 +18,8 @@
 
 Writes ``OUT/quality.md`` (the tables), ``OUT/quality.json`` (every number), ``OUT/traces/*.jsonl`` and a W&B run
 (offline unless ``WANDB_MODE`` says otherwise; group = the target's name, like the training runs). Nothing is
-selected on the suites: recipes are chosen on validation data, the suites only report.
+selected on the suites: recipes are chosen on validation data (``--on validation`` decodes the validation
+conversations' prompts, one category each, instead of the suites), the suites only report.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from deepspec_train.calibration.cli import read_traces  # noqa: E402
-from deepspec_train.calibration.heldout import HeldOutConfidence, held_out_confidence, summary_lines  # noqa: E402
+from deepspec_train.calibration.heldout import (  # noqa: E402
+    HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
+)
 from deepspec_train.evaluation.quality_bench import (  # noqa: E402
     BenchDrafter, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios, tau_by_category,
     tau_table, totals_by_category,
@@ -59,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--override", action="append", default=[], metavar="RECIPE:KEY=VALUE",
                    help="a recipe override for one recipe; repeatable")
     p.add_argument("--reuse", action="store_true", help="evaluate OUT/RECIPE/drafter when it exists, do not train")
+    p.add_argument("--on", choices=("suites", "validation"), default="suites",
+                   help="report on the built-in suites, or select on the validation conversations' prompts")
     p.add_argument("--prompts", type=int, default=None, help="first N prompts of each suite (default: all)")
     p.add_argument("--new-tokens", type=int, default=96, help="new tokens per answer")
     p.add_argument("--seeds", type=int, default=2, help="sampling seeds at T > 0 (prompts pooled over seeds)")
@@ -109,6 +114,14 @@ def calibration_suite(world: Path, limit: int | None) -> Suite:
     return Suite(name="calibration", prompts=tuple(prompts[:limit]))
 
 
+def validation_suites(world: Path, limit: int | None) -> list[Suite]:
+    """The validation prompts as one suite per category (for selecting recipes without touching the suites)."""
+    by_category: dict[str, list[SuitePrompt]] = {}
+    for prompt in calibration_suite(world, None).prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    return [Suite(name=f"validation-{c}", prompts=tuple(p[:limit])) for c, p in sorted(by_category.items())]
+
+
 def write_traces(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
@@ -124,7 +137,9 @@ def confidence_report(args, target, tokenizer, reference: BenchDrafter, world: P
                                   args.new_tokens, not args.no_progress)[reference.name]
     fit = read_traces([write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)])
     test = read_traces([write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)])
-    return held_out_confidence(fit, test).to_dict() | {"prompts": len(suite.prompts)}
+    report = held_out_confidence(fit, test)
+    bound = conditional_auroc_bound(test_rows, len(report.counts))
+    return report.to_dict() | {"prompts": len(suite.prompts), "auroc_bound": bound}
 
 
 def log_to_wandb(args, world: Path, out: Path, report: dict, tables: dict[str, tuple[list, list]]) -> None:
@@ -162,7 +177,10 @@ def main(argv: list[str]) -> int:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     drafters = [BenchDrafter.of(r, load_exported_drafter(out / r / "drafter", str(target_path))) for r in args.recipes]
-    suites = [load_suite(f"tinyworld:{name}", str(world), args.prompts) for name in TINYWORLD_SUITES]
+    if args.on == "validation":
+        suites = validation_suites(world, args.prompts)
+    else:
+        suites = [load_suite(f"tinyworld:{name}", str(world), args.prompts) for name in TINYWORLD_SUITES]
     reference, others = args.recipes[0], args.recipes[1:]
 
     report: dict = {"settings": {**vars(args), "tinyworld": str(world)}, "temperatures": {}, "drafters": {}}
@@ -203,7 +221,7 @@ def main(argv: list[str]) -> int:
 
     ref = drafters[0]
     if ref.loaded.module.__class__.__name__ == "ParallelDrafter" and ref.loaded.module.confidence_head is not None \
-            and 1.0 in rows_at:
+            and 1.0 in rows_at and args.on == "suites":
         report["confidence"] = confidence_report(args, target, tokenizer, ref, world, out, rows_at[1.0][ref.name])
 
     text = render(args, report, tables)
@@ -217,7 +235,7 @@ def main(argv: list[str]) -> int:
 
 def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list, list]]) -> str:
     ref = args.recipes[0]
-    lines = [f"# Drafter quality: {ref} against {', '.join(args.recipes[1:])}", ""]
+    lines = [f"# Drafter quality: {ref} against {', '.join(args.recipes[1:])} (on the {args.on} prompts)", ""]
     for t in args.temperatures:
         info = report["temperatures"][f"{t:g}"]
         counts = ", ".join(f"{c} {n}" for c, n in sorted(info["prompts_per_category"].items()))
@@ -240,7 +258,9 @@ def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list,
         c = report["confidence"]
         lines += ["", f"## Confidence head of {ref} (STS fit on {c['fit_rounds']} rounds of {c['prompts']} validation "
                   f"prompts, scored on {c['test_rounds']} held-out suite rounds at T = 1)", "", "```",
-                  *summary_lines(HeldOutConfidence(**{k: v for k, v in c.items() if k != "prompts"})), "```"]
+                  *summary_lines(HeldOutConfidence(**{k: v for k, v in c.items() if k not in ("prompts", "auroc_bound")})),
+                  "```", "", "AUROC ceiling per position (c*_k of the drafted prefix against acceptance, same rounds): "
+                  + " ".join(f"{b:.3f}" for b in c["auroc_bound"])]
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from deepspec_train.calibration.cli import TraceArrays
-from deepspec_train.calibration.heldout import held_out_confidence
+from deepspec_train.calibration.heldout import conditional_auroc_bound, held_out_confidence
 from deepspec_train.calibration.temperature_scaling import sequential_temperature_scaling
 from deepspec_train.evaluation.paired_bootstrap import bootstrap_mean, bootstrap_tau_ratios, prompt_totals
 from deepspec_train.evaluation.quality_bench import (
@@ -129,3 +129,16 @@ def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) ->
     assert draft_ms_per_round(rows["eagle3"], 100, 0).value > 0
     assert [d.sequential_layer_passes() for d in drafters] == [1, 1, drafters[2].block_size]
     assert decode_seed(0, "code", 1) != decode_seed(0, "prose", 1) != decode_seed(1, "code", 1)
+
+
+def test_auroc_ceiling_uses_the_rounds_that_reached_each_position() -> None:
+    rows = [
+        {"drafted": 3, "accepted": 3, "analytic_accept": [0.9, 0.8, 0.7]},
+        {"drafted": 3, "accepted": 0, "analytic_accept": [0.2, 0.5, 0.5]},
+        {"drafted": 3, "accepted": 1, "analytic_accept": [0.6, 0.3, 0.9]},
+        {"drafted": 3, "accepted": 2, "analytic_accept": [0.4, 0.9, 0.1]},
+    ]
+    bound = conditional_auroc_bound(rows, 3)
+    assert bound[0] == pytest.approx(auroc([0.9, 0.2, 0.6, 0.4], [1, 0, 1, 1]))
+    assert bound[1] == pytest.approx(auroc([0.8, 0.3, 0.9], [1, 0, 1]))
+    assert bound[2] == pytest.approx(auroc([0.7, 0.1], [1, 0]))

@@ -13,6 +13,12 @@ another (the evaluation suites' rounds), per block position ``k``:
 
 Temperatures do not change an AUROC at one position (they are monotone maps of ``z_k``), only the ECE. The
 inputs are ``TraceArrays`` (``deepspec_train.calibration.cli.read_traces``).
+
+What limits the conditional AUROC: before ``d_k`` is drawn, the probability that it will be accepted is the
+analytic acceptance ``c*_k = sum min(p_k, q_k)`` (recorded per round as ``analytic_accept``), and whether it is
+then accepted is a coin flip with that probability. No predictor that sees only what the head sees can rank the
+outcomes better than ``c*_k`` itself, so ``auroc_bound`` -- the AUROC of ``c*_k`` against acceptance, on the same
+rounds -- is the ceiling; it is low when ``c*_k`` varies little from block to block.
 """
 
 from __future__ import annotations
@@ -91,3 +97,15 @@ def summary_lines(report: HeldOutConfidence) -> list[str]:
             f" {report.auroc_cumulative[k]:>17.4f} {report.auroc_conditional[k]:>18.4f} ({report.conditional_counts[k]})"
         )
     return lines
+
+
+def conditional_auroc_bound(rows: list[dict], num_positions: int) -> list[float]:
+    """Per position ``k``: AUROC of ``c*_k`` (trace ``analytic_accept``) against acceptance of draft ``k`` over the
+    rounds that reached ``k`` (see the module docstring)."""
+    bounds = []
+    for k in range(num_positions):
+        reached = [r for r in rows if r["drafted"] > k and r["accepted"] >= k and len(r.get("analytic_accept", [])) > k]
+        scores = np.array([r["analytic_accept"][k] for r in reached])
+        accepted = np.array([float(r["accepted"] > k) for r in reached])
+        bounds.append(auroc(scores, accepted))
+    return bounds

@@ -56,6 +56,8 @@ class RoundRecord:
     confidence_logits: Optional[list[float]]
     confidences: Optional[list[float]]
     target_accept_probs: list[float]
+    # c*_k given the drafted prefix (see ``verify_drafts``): the best any confidence head can know before d_k.
+    analytic_accept: list[float] = field(default_factory=list)
     # Wall time of the drafter's call for this round (the draft alone, not the verification).
     draft_seconds: float = 0.0
 
@@ -91,13 +93,16 @@ def verify_drafts(
 ) -> tuple[VerifyResult, torch.Tensor]:
     """Verify ``R`` drafted blocks against ``target_logits [R, K+1, V]`` at ``temperature`` (0 = greedy).
 
-    Returns the verification result and ``min(1, p_k(d_k) / q_k(d_k))`` per drafted token (``[R, K]``).
+    Returns the verification result, ``min(1, p_k(d_k) / q_k(d_k))`` per drafted token (``[R, K]``) and the
+    analytic acceptance ``c*_k = sum_j min(p_k[j], q_k[j])`` of each position given the drafted prefix
+    (``[R, K]``): the probability that draft ``k`` is accepted once ``d_1..d_{k-1}`` were, before ``d_k`` is drawn.
     """
     p = probs_from_logits(target_logits, temperature)
     ratios = acceptance_probs(draft.tokens, draft.probs, p)
+    c_star = torch.minimum(p[:, :-1].double(), draft.probs.double()).sum(dim=-1)
     if temperature <= 0:
-        return verify_blocks_greedy(draft.tokens, target_logits), ratios
-    return verify_blocks(draft.tokens, draft.probs, p, generator), ratios
+        return verify_blocks_greedy(draft.tokens, target_logits), ratios, c_star
+    return verify_blocks(draft.tokens, draft.probs, p, generator), ratios, c_star
 
 
 class TargetSession:
@@ -220,7 +225,7 @@ class SpeculativeDecoder:
         draft = self.drafter.draft(context, anchor, self.block_size, self.temperature, self.generator)
         draft_seconds = time.perf_counter() - start
         logits = session.verify_logits(draft.tokens[0].tolist())
-        result, ratios = verify_drafts(draft, logits[None], self.temperature, self.generator)
+        result, ratios, c_star = verify_drafts(draft, logits[None], self.temperature, self.generator)
         accepted = int(result.accepted[0])
         emitted = result.tokens[0, : accepted + 1].tolist()
         conf_logits = confidences = None
@@ -236,6 +241,7 @@ class SpeculativeDecoder:
             confidence_logits=conf_logits,
             confidences=confidences,
             target_accept_probs=ratios[0].tolist(),
+            analytic_accept=c_star[0].tolist(),
             draft_seconds=draft_seconds,
         )
         return emitted, record
