@@ -384,7 +384,8 @@ def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
     """Decode-time drafting steps through a KV cache; its per-step states and draft distributions equal the
     training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once; with
     dynamic RoPE scaling too (every step rotates at the length the unroll uses), past the trained positions."""
-    from deepspec_train.evaluation.drafting import DraftContext, Eagle3BlockDrafter, _anchor_batch
+    from deepspec_train.evaluation.drafting import DraftContext, Eagle3BlockDrafter
+    from tests.drafter_fixtures import anchor_batch
 
     block = 5
     drafter = make_drafter(block)
@@ -399,13 +400,15 @@ def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
                            torch.randint(2, TINY.vocab_size, (length,), generator=gen))
     anchors = torch.tensor([4, 4, 9, 17])
     draft = Eagle3BlockDrafter(drafter).draft(context, anchors, block, 1.0, torch.Generator().manual_seed(1))
-    batch = _anchor_batch(context, anchors, block, fill_token=0)
+    batch = anchor_batch(context, anchors, block, fill_token=0)
     batch.block_prev = torch.cat([anchors[:, None], draft.tokens[:, :-1]], dim=1)
     hidden = drafter.unroll(batch, block)
     probs = torch.softmax(drafter.lm_head(drafter.norm(hidden)), dim=-1)
     expected = probs.new_zeros(len(anchors), block, TINY.vocab_size)
     expected[:, :, drafter.draft_vocab.target_ids()] = probs
     torch.testing.assert_close(draft.probs, expected, rtol=1e-5, atol=1e-6)
-    steps = drafter.start_draft(_anchor_batch(context, anchors, block, fill_token=0), block)
+    seq_len = length + block if rope is not None else 0
+    kv = drafter.entry_kv(context.tokens[1:], context.features[:-1], torch.arange(1, length), seq_len)
+    steps = drafter.start_draft(kv, context.features[-1], len(anchors), length, seq_len)
     for k in range(block):
         torch.testing.assert_close(steps.step(batch.block_prev[:, k]), hidden[:, k], rtol=1e-5, atol=1e-6)

@@ -23,7 +23,8 @@ from tests.evaluator_fixtures import BLOCK, drafter_recipe, load_tiny_target, ra
 MAX_NEW = 20
 TRACE_FIELDS = {
     "suite", "category", "prompt_id", "turn", "round", "drafted", "accepted", "emitted",
-    "confidence_logits", "confidences", "target_accept_probs", "draft_seconds", "analytic_accept",
+    "confidence_logits", "confidences", "target_accept_probs", "draft_seconds", "draft_cpu_seconds",
+    "analytic_accept",
 }
 
 
@@ -237,7 +238,7 @@ def test_eval_cli_writes_results_and_traces(target, tmp_path):
     traces = [json.loads(line) for line in traces_path.read_text().splitlines()]
     assert results["drafter_kind"] == "dspark" and results["block_size"] == BLOCK and results["temperature"] == 1.0
     assert all(set(t) == TRACE_FIELDS for t in traces)
-    assert all(t["draft_seconds"] > 0 for t in traces)
+    assert all(t["draft_seconds"] > 0 and t["draft_cpu_seconds"] >= 0 for t in traces)
     assert {(t["prompt_id"], t["turn"]) for t in traces} == {("p1", 0), ("p1", 1), ("p2", 0)}
     entry = results["suites"]["mini"]
     assert set(entry["categories"]) == {"chat", "code"}

@@ -7,6 +7,7 @@ reference, and decode-time drafting against teacher-forced slot logits on the dr
 
 from __future__ import annotations
 
+import dataclasses
 import pytest
 import torch
 
@@ -16,10 +17,11 @@ from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.losses.selected_logit_loss import selected_logit_loss
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
 from tests.drafter_fixtures import (
-    BLOCK, HIDDEN, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, drafter_config, random_item, tiny_drafter,
+    BLOCK, HIDDEN, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, anchor_batch, drafter_config, random_item, tiny_drafter,
 )
 from tests.loss_reference import reference_loss
 
@@ -126,18 +128,24 @@ def test_loss_gradients_through_the_latents_match_the_brute_force_reference(head
         torch.testing.assert_close(mine[name], grad, rtol=1e-4, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
-@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
-def test_drafting_equals_teacher_forced_logits_on_the_drafted_tokens(head_type: str) -> None:
+@pytest.mark.parametrize("head_type,rope", [("vanilla", None), ("gated", None), ("rnn", None),
+                                            ("rnn", {"rope_type": "dynamic", "factor": 2.0})])
+def test_drafting_equals_teacher_forced_logits_on_the_drafted_tokens(head_type: str, rope) -> None:
+    """Decode-time drafting (cached context keys, ``decode_states``) equals the training backbone on the drafted
+    tokens; with dynamic RoPE scaling too, past the trained positions (keys rotated for the round's length)."""
     model = _random_heads(tiny_drafter("dspark", markov_head_type=head_type))
+    if rope is not None:
+        geometry = dataclasses.replace(TINY_GEOMETRY, rope_parameters={**rope, "rope_theta": TINY_GEOMETRY.rope_theta},
+                                       max_position_embeddings=8)
+        model.geometry, model.rotary = geometry, RotaryEmbedding.for_geometry(geometry)
+        assert model.rotary.dynamic
     g = torch.Generator().manual_seed(4)
     length = 12
     context = DraftContext(torch.randn(length, len(LAYER_IDS) * HIDDEN, generator=g),
                            torch.randint(0, MASK_ID, (length,), generator=g))
     anchors = torch.tensor([5, 5, 9])
     draft = ParallelBlockDrafter(model).draft(context, anchors, BLOCK, 1.0, torch.Generator().manual_seed(0))
-    from deepspec_train.evaluation.drafting import _anchor_batch
-
-    batch = _anchor_batch(context, anchors, BLOCK, MASK_ID)
+    batch = anchor_batch(context, anchors, BLOCK, MASK_ID)
     prev = torch.cat([anchors[:, None], draft.tokens[:, :-1]], dim=1)
     with torch.no_grad():
         logits = model.slot_logits(batch, prev)

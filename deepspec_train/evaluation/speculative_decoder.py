@@ -58,8 +58,11 @@ class RoundRecord:
     target_accept_probs: list[float]
     # c*_k given the drafted prefix (see ``verify_drafts``): the best any confidence head can know before d_k.
     analytic_accept: list[float] = field(default_factory=list)
-    # Wall time of the drafter's call for this round (the draft alone, not the verification).
+    # Wall time of the drafter's call for this round (the draft alone, not the verification), and the CPU time of
+    # the calling thread during it: with one torch thread, the draft's own compute, which time spent descheduled
+    # on a shared machine does not inflate.
     draft_seconds: float = 0.0
+    draft_cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -122,6 +125,8 @@ class TargetSession:
         self.cache = DynamicCache(config=model.config)
         self.tokens: list[int] = []
         self.features: Optional[torch.Tensor] = None
+        # Drafters keep this conversation's projected context keys / values here (see DraftContext.cache).
+        self.drafter_cache: dict = {}
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
     @property
@@ -136,7 +141,8 @@ class TargetSession:
         """Features and tokens of the processed positions (everything before the anchor)."""
         if self.features is None:
             raise RuntimeError("no processed positions yet: extend the session with at least two tokens")
-        return DraftContext(self.features, torch.tensor(self.tokens[: self.processed], device=self.device))
+        tokens = torch.tensor(self.tokens[: self.processed], device=self.device)
+        return DraftContext(self.features, tokens, cache=self.drafter_cache)
 
     @contextmanager
     def _tapped(self) -> Iterator[dict[int, torch.Tensor]]:
@@ -221,9 +227,9 @@ class SpeculativeDecoder:
     def _round(self, session: TargetSession, turn: int, index: int) -> tuple[list[int], RoundRecord]:
         anchor = torch.tensor([session.tokens[-1]], device=session.device)
         context = session.context()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         draft = self.drafter.draft(context, anchor, self.block_size, self.temperature, self.generator)
-        draft_seconds = time.perf_counter() - start
+        draft_seconds, draft_cpu_seconds = time.perf_counter() - start, time.thread_time() - start_cpu
         logits = session.verify_logits(draft.tokens[0].tolist())
         result, ratios, c_star = verify_drafts(draft, logits[None], self.temperature, self.generator)
         accepted = int(result.accepted[0])
@@ -243,6 +249,7 @@ class SpeculativeDecoder:
             target_accept_probs=ratios[0].tolist(),
             analytic_accept=c_star[0].tolist(),
             draft_seconds=draft_seconds,
+            draft_cpu_seconds=draft_cpu_seconds,
         )
         return emitted, record
 

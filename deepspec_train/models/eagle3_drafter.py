@@ -266,7 +266,6 @@ class Eagle3Drafter(nn.Module):
     ) -> tuple[_ContextEntries, torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The context entries, their keys / values ``[1, G, Nc, h]``, step 0's hidden input ``fc(g_{a-1})`` and
         the rotary length of a forward of ``num_steps`` steps."""
-        dtype = self.fc.weight.dtype
         entries = _context_entries(batch)
         # One length for every rotary call of this forward, so dynamic RoPE scaling rotates all keys and queries
         # with the same frequencies (the largest position any step reaches, + 1).
@@ -274,26 +273,35 @@ class Eagle3Drafter(nn.Module):
         if batch.num_blocks and num_steps:
             last.append((batch.block_anchor + num_steps - 1).max())
         seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
-        ctx_x = self.midlayer.fused_input(self.embed_tokens(entries.tokens), self.fc(entries.features.to(dtype)))
-        ctx_k, ctx_v = self.midlayer.self_attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos, seq_len))
+        ctx_k, ctx_v = self.entry_kv(entries.tokens, entries.features, entries.pos, seq_len)
         prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
         if not bool(found.all()):
             raise ValueError("every block needs the target feature at position a-1 among its context rows")
-        return entries, ctx_k, ctx_v, self.fc(batch.ctx_features[prev_row].to(dtype)), seq_len
+        return entries, ctx_k, ctx_v, self.fc(batch.ctx_features[prev_row].to(self.fc.weight.dtype)), seq_len
 
-    def start_draft(self, batch: PackedBatch, num_steps: int) -> "DraftSteps":
-        """Decode-time stepping for blocks that all share one context and anchor (``_anchor_batch``): the context
-        keys / values are computed once here, then each ``DraftSteps.step`` runs one TTT step for every row on
-        top of the keys / values of the steps before (a KV cache: ``K`` steps cost ``K`` single-position passes,
-        where ``unroll(batch, k + 1)`` for each ``k`` re-runs every earlier step). ``num_steps`` steps will be taken
-        (the rotary length of dynamic RoPE scaling). Equal to ``unroll(batch, num_steps)`` (tested)."""
-        if bool((batch.block_anchor != batch.block_anchor[0]).any()) or bool((batch.ctx_seq != 0).any()):
-            raise ValueError("start_draft needs blocks of one sequence at one anchor")
-        _, ctx_k, ctx_v, hidden, seq_len = self._context_and_first_hidden(batch, num_steps)
-        rows = batch.num_blocks
+    def entry_kv(
+        self, tokens: torch.Tensor, prev_features: torch.Tensor, positions: torch.Tensor, seq_len: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys / values ``[1, G, n, h]`` of context entries ``t``: token ``x_t``, feature ``g_{t-1}``, position ``t``
+        (rotated for the length ``seq_len`` of dynamic RoPE scaling; ignored by the other RoPE types). Per entry,
+        so a decoder can keep the entries of earlier rounds (engines cache them)."""
+        x = self.midlayer.fused_input(self.embed_tokens(tokens), self.fc(prev_features.to(self.fc.weight.dtype)))
+        return self.midlayer.self_attn.keys_values(x, *self.rotary.cos_sin(positions, seq_len))
+
+    def start_draft(
+        self, ctx_kv: tuple[torch.Tensor, torch.Tensor], last_feature: torch.Tensor, rows: int, anchor: int,
+        seq_len: int = 0,
+    ) -> "DraftSteps":
+        """Decode-time stepping of ``rows`` blocks that share one context and anchor: ``ctx_kv`` are the keys /
+        values of the context entries ``1..a-1`` (``entry_kv``), ``last_feature [3d]`` is ``g_{a-1}``. Each
+        ``DraftSteps.step`` runs one TTT step for every row on top of the keys / values of the steps before (a KV
+        cache: ``K`` steps cost ``K`` single-position passes, where ``unroll(batch, k + 1)`` for each ``k`` would
+        re-run every earlier step). ``seq_len``: the rotary length of dynamic RoPE scaling, that of the context's
+        keys (``a + K`` for ``K`` steps, as in ``unroll``). Equal to ``unroll`` (tested)."""
+        hidden = self.fc(last_feature.to(self.fc.weight.dtype)).expand(rows, -1)
         # Per-row caches [R, G, T, h]: the shared context first, then each row's own steps.
-        return DraftSteps(self, ctx_k.expand(rows, -1, -1, -1), ctx_v.expand(rows, -1, -1, -1), hidden,
-                          int(batch.block_anchor[0]), seq_len)
+        return DraftSteps(self, ctx_kv[0].expand(rows, -1, -1, -1), ctx_kv[1].expand(rows, -1, -1, -1), hidden, anchor,
+                          seq_len)
 
     @staticmethod
     def _step_mask(

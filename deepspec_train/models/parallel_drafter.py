@@ -77,22 +77,32 @@ class ContextAttention(nn.Module):
         # [1, T, heads*h] -> [1, heads, T, h]
         return x.view(x.shape[0], x.shape[1], num_heads, self.head_dim).transpose(1, 2)
 
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (k_norm, then RoPE at the rows' positions) and values of ``x [b, T, d]``: ``[b, G, T, h]`` each."""
+        k = apply_rotary(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.num_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
-        ctx: torch.Tensor,
+        ctx: Optional[torch.Tensor],
         rotary: _Rotary,
-        mask: Union[torch.Tensor, BlockMask],
+        mask: Union[torch.Tensor, BlockMask, None],
         backend: AttentionBackend,
         compiled: bool,
+        ctx_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        """``x [1, Q, d]`` (normed block states), ``ctx [1, Nc, d]`` (H_ctx) -> ``[1, Q, d]``."""
-        keys_in = torch.cat([ctx, x], dim=1)
-        q = self.q_norm(self._heads(self.q_proj(x), self.num_heads))
-        k = self.k_norm(self._heads(self.k_proj(keys_in), self.num_kv_heads))
-        v = self._heads(self.v_proj(keys_in), self.num_kv_heads)
-        q = apply_rotary(q, rotary.query_cos, rotary.query_sin)
-        k = apply_rotary(k, rotary.key_cos, rotary.key_sin)
+        """``x [b, Q, d]`` (normed block states), ``ctx [1, Nc, d]`` (H_ctx) -> ``[b, Q, d]``. At decode time the
+        context's keys / values may come projected already (``ctx_kv``, ``[1, G, Nc, h]`` each, shared by the
+        ``b`` blocks); the block's own then sit at the query positions."""
+        q = apply_rotary(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), rotary.query_cos, rotary.query_sin)
+        if ctx_kv is None:
+            k, v = self.keys_values(torch.cat([ctx, x], dim=1), rotary.key_cos, rotary.key_sin)
+        else:
+            block_k, block_v = self.keys_values(x, rotary.query_cos, rotary.query_sin)
+            rows = x.shape[0]
+            k = torch.cat([ctx_kv[0].expand(rows, -1, -1, -1), block_k], dim=2)
+            v = torch.cat([ctx_kv[1].expand(rows, -1, -1, -1), block_v], dim=2)
         out = attend(q, k, v, mask, backend, compiled)
         return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
 
@@ -110,14 +120,15 @@ class ParallelDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        ctx: torch.Tensor,
+        ctx: Optional[torch.Tensor],
         rotary: _Rotary,
-        mask: Union[torch.Tensor, BlockMask],
+        mask: Union[torch.Tensor, BlockMask, None],
         backend: AttentionBackend,
         compiled: bool,
+        ctx_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         # H_ctx is already normed by hidden_norm; only the block stream gets the layer's input norm.
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, mask, backend, compiled)
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, mask, backend, compiled, ctx_kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -263,6 +274,31 @@ class ParallelDrafter(nn.Module):
         for layer in self.layers:
             x = layer(x, ctx, rotary, mask, attention, compiled)
         return self.norm(x).view(batch.num_blocks, batch.block_size, -1)
+
+    def context_kv(
+        self, features: torch.Tensor, positions: torch.Tensor, seq_len: int = 0
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Decode time: every layer's context keys / values ``[1, G, n, h]`` of target features ``[n, K*d]`` at
+        ``positions [n]``, rotated for the length ``seq_len`` of dynamic RoPE scaling (the block's last position
+        + 1, as in ``backbone``; ignored by the other RoPE types). Per row, so rows projected in earlier rounds
+        can be kept (engines cache them)."""
+        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype))).unsqueeze(0)
+        cos, sin = self.rotary.cos_sin(positions.reshape(1, -1), seq_len)
+        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+
+    def decode_states(
+        self, block_input: torch.Tensor, anchor_position: int, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Decode time: final-normed slot states ``[R, B, d]`` of ``R`` blocks ``[R, B]`` anchored at one position,
+        whose context (every row before the anchor) is ``ctx_kv`` (``context_kv`` of those rows). Each block sees
+        all of the context and its own slots: the training mask for one sequence at one anchor."""
+        positions = anchor_position + torch.arange(block_input.shape[1], device=block_input.device).reshape(1, -1)
+        cos, sin = self.rotary.cos_sin(positions)
+        rotary = _Rotary(cos, sin, cos, sin)
+        x = self.embed_tokens(block_input)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, None, rotary, None, "sdpa", False, kv)
+        return self.norm(x)
 
     def markov_rows(self, prev_tokens: torch.Tensor) -> Optional[torch.Tensor]:
         """``W1[x_prev]``, ``[..., r]`` (the confidence head's Markov input); None without a Markov head."""
