@@ -149,7 +149,9 @@ def test_drafting_equals_teacher_forced_logits_on_the_drafted_tokens(head_type: 
     prev = torch.cat([anchors[:, None], draft.tokens[:, :-1]], dim=1)
     with torch.no_grad():
         logits = model.slot_logits(batch, prev)
+        conf = model.confidence_logits(model.backbone(batch), model.markov_rows(prev))
     torch.testing.assert_close(draft.probs, torch.softmax(logits, -1), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(draft.confidence_logits, conf, rtol=1e-5, atol=1e-5)
 
 
 def test_markov_init_switch() -> None:

@@ -160,28 +160,29 @@ class ParallelBlockDrafter:
                                  device=anchors.device)
         block_input[:, 0] = anchors
         hidden = module.decode_states(block_input, context.anchor_position, kv)[row_anchor]
+        hidden = hidden[:, self.slot_offset : self.slot_offset + num_tokens]
+        # The backbone logits of every slot in one product; only the Markov bias waits for the sampled tokens.
+        base_logits = module.lm_head(hidden)
         head = module.markov_head
         state = None if head is None else head.initial_state(hidden[:, 0])
         prev = anchor_tokens.clone()
-        tokens, probs, conf = [], [], []
+        tokens, probs = [], []
         for k in range(num_tokens):
-            slot_hidden = hidden[:, k + self.slot_offset]
-            logits = module.lm_head(slot_hidden)
-            rows = module.markov_rows(prev)
+            logits = base_logits[:, k]
             if head is not None:
-                latent, state = head.step(prev, slot_hidden, state)
+                latent, state = head.step(prev, hidden[:, k], state)
                 logits = logits + module.markov_bias(latent)
-            if module.confidence_head is not None:
-                conf.append(module.confidence_logits(slot_hidden, rows).float())
             q = probs_from_logits(logits, temperature)
             prev = sample_tokens(q, temperature, generator)
             tokens.append(prev)
             probs.append(q)
-        return DraftBlock(
-            tokens=torch.stack(tokens, dim=1),
-            probs=torch.stack(probs, dim=1),
-            confidence_logits=torch.stack(conf, dim=1) if conf else None,
-        )
+        drafted = torch.stack(tokens, dim=1)
+        conf = None
+        if module.confidence_head is not None:
+            # Slot k's confidence reads W1 of the token before it (the anchor, then the drafts), as in SGLang.
+            prev_tokens = torch.cat([anchor_tokens[:, None], drafted[:, :-1]], dim=1)
+            conf = module.confidence_logits(hidden, module.markov_rows(prev_tokens)).float()
+        return DraftBlock(tokens=drafted, probs=torch.stack(probs, dim=1), confidence_logits=conf)
 
 
 class Eagle3BlockDrafter:
