@@ -46,6 +46,7 @@ from deepspec_train.evaluation.quality_bench import (  # noqa: E402
     BenchDrafter, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios, tau_by_category,
     tau_table, totals_by_category,
 )
+from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
 from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
 from deepspec_train.export.loader import load_exported_drafter  # noqa: E402
 
@@ -61,6 +62,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="training steps for every recipe (default: the recipes')")
     p.add_argument("--override", action="append", default=[], metavar="RECIPE:KEY=VALUE",
                    help="a recipe override for one recipe; repeatable")
+    p.add_argument("--override-all", action="append", default=[], metavar="KEY=VALUE",
+                   help="a recipe override for every recipe (the shared budget and data); repeatable")
     p.add_argument("--reuse", action="store_true", help="evaluate OUT/RECIPE/drafter when it exists, do not train")
     p.add_argument("--on", choices=("suites", "validation"), default="suites",
                    help="report on the built-in suites, or select on the validation conversations' prompts")
@@ -77,7 +80,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def recipe_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
-    per_recipe: dict[str, list[str]] = {r: [] for r in args.recipes}
+    for override in args.override_all:
+        if "=" not in override:
+            raise SystemExit(f"--override-all {override!r}: expected KEY=VALUE")
+    per_recipe: dict[str, list[str]] = {r: list(args.override_all) for r in args.recipes}
     for item in args.override:
         recipe, sep, override = item.partition(":")
         if not sep or recipe not in per_recipe or "=" not in override:
@@ -188,11 +194,20 @@ def main(argv: list[str]) -> int:
     rows_at: dict[float, dict[str, list[dict]]] = {}
     for temperature in args.temperatures:
         seeds = list(range(args.seeds)) if temperature > 0 else [0]
+        conversations: dict[str, list[ConversationStats]] = {}
         rows = decode_interleaved(target, tokenizer, drafters, suites, temperature, seeds, args.new_tokens,
-                                  not args.no_progress)
+                                  not args.no_progress, conversations)
         rows_at[temperature] = rows
-        for name, drafter_rows in rows.items():
-            write_traces(out / "traces" / f"{name}_T{temperature:g}.jsonl", drafter_rows)
+        for d in drafters:
+            write_traces(out / "traces" / f"{d.name}_T{temperature:g}.jsonl", rows[d.name])
+            if temperature == args.temperatures[0]:
+                # The run's eval/results.json, as `deepspec eval` writes it: `deepspec compare RUN ...` reads it.
+                header = {"target": str(target_path), "drafter": str(out / d.name / "drafter"),
+                          "drafter_kind": d.loaded.kind, "block_size": d.block_size, "temperature": temperature,
+                          "max_new_tokens": args.new_tokens, "seeds": seeds}
+                results = build_results(rows[d.name], conversations[d.name], d.block_size, header)
+                (out / d.name / "eval").mkdir(parents=True, exist_ok=True)
+                (out / d.name / "eval" / "results.json").write_text(json.dumps(results, indent=2))
         totals = totals_by_category(rows)
         ratios = paired_ratios(totals, reference, others, args.bootstrap, seed=0)
         tables[f"tau_T{temperature:g}"] = tau_table(totals, args.recipes, ratios)

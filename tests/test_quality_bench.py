@@ -114,7 +114,9 @@ def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) ->
                 for i, kind in enumerate(("dspark", "dflash", "eagle3"))]
     suites = [Suite("code", (SuitePrompt("c1", "code", ("def f(x):",)), SuitePrompt("c2", "code", ("import os",)))),
               Suite("prose", (SuitePrompt("p1", "prose", ("Tell me about",)),))]
-    rows = decode_interleaved(target, tokenizer, drafters, suites, 1.0, [0, 1], 12, progress=False)
+    conversations: dict = {}
+    rows = decode_interleaved(target, tokenizer, drafters, suites, 1.0, [0, 1], 12, False, conversations)
+    assert {name: len(c) for name, c in conversations.items()} == {"dspark": 6, "dflash": 6, "eagle3": 6}
     alone = decode_interleaved(target, tokenizer, drafters[2:], suites, 1.0, [0, 1], 12, progress=False)
     timing = ("draft_seconds", "draft_cpu_seconds")
     strip = [{k: v for k, v in r.items() if k not in timing} for r in rows["eagle3"]]
@@ -143,3 +145,37 @@ def test_auroc_ceiling_uses_the_rounds_that_reached_each_position() -> None:
     assert bound[0] == pytest.approx(auroc([0.9, 0.2, 0.6, 0.4], [1, 0, 1, 1]))
     assert bound[1] == pytest.approx(auroc([0.8, 0.3, 0.9], [1, 0, 1]))
     assert bound[2] == pytest.approx(auroc([0.7, 0.1], [1, 0]))
+
+
+
+@pytest.mark.slow
+def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path) -> None:
+    """``bench/quality.py`` as a user runs it: trains the three tiny recipes (a few steps, the `test` world's
+    shapes), decodes at T = 1 and 0, prints the tables, writes results, traces and an offline W&B run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    mask_id = json.loads((tiny_world / "build_report.json").read_text())["mask_token_id"]
+    shared = ["train.global_batch_sequences=4", "train.micro_batch_sequences=2", "anchors.num_per_sequence=8",
+              f"drafter.mask_token_id={mask_id}", f"data.cache_dir={tmp_path / 'cache'}", "train.eval_sequences=8",
+              "logging.wandb=false"]
+    layer_ids = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]"}
+    command = [sys.executable, str(repo / "bench" / "quality.py"), "--tinyworld", str(tiny_world),
+               "--out", str(tmp_path / "q"), "--steps", "3", "--prompts", "2", "--new-tokens", "8", "--seeds", "2",
+               "--bootstrap", "50", "--calibration-prompts", "4", "--no-progress"]
+    command += [a for o in shared for a in ("--override-all", o)]
+    command += [a for r, ids in layer_ids.items() for a in ("--override", f"{r}:target.layer_ids={ids}")]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tiny-dspark / tiny-eagle3" in done.stdout and "## Draft cost" in done.stdout
+    report = json.loads((tmp_path / "q" / "quality.json").read_text())
+    assert set(report["temperatures"]) == {"1", "0"}
+    assert report["drafters"]["tiny-eagle3"]["sequential_layer_passes"] == 7
+    assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == 2
+    assert len(report["confidence"]["ece"]) == 7
+    assert (tmp_path / "q" / "tiny-dflash" / "eval" / "results.json").is_file()
+    assert list((tmp_path / "q").glob("wandb/offline-run-*"))

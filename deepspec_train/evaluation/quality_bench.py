@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from deepspec_train.evaluation.drafting import BlockDrafter, LoadedDrafterLike, block_drafter_for
+from deepspec_train.evaluation.report import ConversationStats
 from deepspec_train.evaluation.paired_bootstrap import (
     PromptTotals, RatioEstimate, bootstrap_mean, bootstrap_tau_ratios, prompt_totals,
 )
@@ -75,8 +76,10 @@ def decode_interleaved(
     seeds: Sequence[int],
     max_new_tokens: int,
     progress: bool = True,
+    conversations: Optional[dict[str, list[ConversationStats]]] = None,
 ) -> dict[str, list[dict]]:
-    """Trace rows (``deepspec eval --save-traces`` rows plus ``seed``) of every drafter on every prompt."""
+    """Trace rows (``deepspec eval --save-traces`` rows plus ``seed``) of every drafter on every prompt; each
+    decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when given."""
     rows: dict[str, list[dict]] = {d.name: [] for d in drafters}
     total = len(seeds) * sum(len(s.prompts) for s in suites)
     with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
@@ -93,6 +96,10 @@ def decode_interleaved(
                         turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
                         base = {"suite": suite.name, "category": prompt.category, "prompt_id": prompt.id, "seed": seed}
                         rows[d.name].extend({**base, **vars(r)} for turn in turns for r in turn.rounds)
+                        if conversations is not None:
+                            conversations.setdefault(d.name, []).append(ConversationStats(
+                                suite.name, prompt.category, sum(len(t.tokens) for t in turns),
+                                sum(t.seconds for t in turns)))
                     bar.update(1)
     return rows
 
