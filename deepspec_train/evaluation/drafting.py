@@ -147,8 +147,6 @@ class ParallelBlockDrafter:
         if not 1 <= num_tokens <= self.max_block_size:
             raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
         module = self.module
-        # Rows with the same anchor share the backbone pass: only the Markov sampling differs between them.
-        anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True)
         positions = torch.arange(context.anchor_position, device=context.features.device)
         # Dynamic RoPE scaling rotates every key for this round's length (a + B): nothing is kept across rounds.
         dynamic = module.rotary.dynamic
@@ -156,10 +154,15 @@ class ParallelBlockDrafter:
         kv = context_kv(context, module, context.anchor_position,
                         lambda s, e: module.context_kv(context.features[s:e], positions[s:e], seq_len),
                         cacheable=not dynamic)
+        # Rows with the same anchor share the backbone pass: only the Markov sampling differs between them.
+        many = anchor_tokens.numel() > 1
+        anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True) if many else (anchor_tokens, None)
         block_input = torch.full((anchors.numel(), module.block_size), module.mask_token_id, dtype=torch.long,
                                  device=anchors.device)
         block_input[:, 0] = anchors
-        hidden = module.decode_states(block_input, context.anchor_position, kv)[row_anchor]
+        hidden = module.decode_states(block_input, context.anchor_position, kv)
+        if many:
+            hidden = hidden[row_anchor]
         hidden = hidden[:, self.slot_offset : self.slot_offset + num_tokens]
         # The backbone logits of every slot in one product; only the Markov bias waits for the sampled tokens.
         base_logits = module.lm_head(hidden)
