@@ -98,6 +98,11 @@ def test_held_out_confidence_against_direct_formulas() -> None:
         assert report.auroc_cumulative[k] == pytest.approx(auroc(survival[rows, k], test.survived[rows, k]))
         reached = rows if k == 0 else rows & (test.survived[:, k - 1] > 0.5)
         assert report.auroc_conditional[k] == pytest.approx(auroc(test.logits[reached, k], test.survived[reached, k]))
+    # Outcomes drawn from the head's own logits: calibrated by construction, so the held-out ECE sits at the
+    # sampling-noise floor, and the floor shrinks with more rounds.
+    assert all(abs(e - f) < 0.02 for e, f in zip(report.ece, report.ece_floor))
+    big = held_out_confidence(fit, _traces(rng, 20000, 4, 1.5))
+    assert all(b < f for b, f in zip(big.ece_floor, report.ece_floor))
     # A head that predicts acceptance ranks it: well above chance, on rounds it was not fitted on.
     assert min(report.auroc_conditional) > 0.65
     assert max(report.ece) < 0.05

@@ -11,6 +11,11 @@ another (the evaluation suites' rounds), per block position ``k``:
   draft ``k``, over the rounds that reached position ``k`` (drafts ``1..k-1`` accepted): whether the head ranks
   which drafts survive verification at that position.
 
+Binned ECE on a finite sample is biased upwards: even a perfectly calibrated head shows the bins' sampling noise.
+``ece_floor`` is that noise level -- the mean ECE of the calibrated survival against outcomes drawn from it
+(``Bernoulli(S_k)``, 200 draws) on the same rounds -- so a held-out ECE can be read against what perfect
+calibration would measure on this many rounds.
+
 Temperatures do not change an AUROC at one position (they are monotone maps of ``z_k``), only the ECE. The
 inputs are ``TraceArrays`` (``deepspec_train.calibration.cli.read_traces``).
 
@@ -46,6 +51,7 @@ class HeldOutConfidence:
     counts: list[int]
     ece_before: list[float]
     ece: list[float]
+    ece_floor: list[float]
     auroc_cumulative: list[float]
     auroc_conditional: list[float]
     conditional_counts: list[int]
@@ -64,13 +70,15 @@ def held_out_confidence(fit: TraceArrays, test: TraceArrays, n_bins: int = 10) -
     survival = cumulative_survival(test.logits, temps)
     raw_survival = cumulative_survival(test.logits, np.ones_like(temps))
     conditional = calibrated_confidences(test.logits, temps)
-    counts, ece_before, ece_after, auc_cum, auc_cond, cond_counts = [], [], [], [], [], []
+    counts, ece_before, ece_after, floors, auc_cum, auc_cond, cond_counts = [], [], [], [], [], [], []
+    rng = np.random.default_rng(0)
     for k in range(test.logits.shape[1]):
         rows = test.valid[:, k]
         outcome = test.survived[rows, k]
         counts.append(int(rows.sum()))
         ece_before.append(ece(raw_survival[rows, k], outcome, n_bins))
         ece_after.append(ece(survival[rows, k], outcome, n_bins))
+        floors.append(ece_noise_floor(survival[rows, k], n_bins, rng))
         auc_cum.append(auroc(survival[rows, k], outcome))
         reached = rows if k == 0 else rows & (test.survived[:, k - 1] > 0.5)
         cond_counts.append(int(reached.sum()))
@@ -82,19 +90,29 @@ def held_out_confidence(fit: TraceArrays, test: TraceArrays, n_bins: int = 10) -
         counts=counts,
         ece_before=ece_before,
         ece=ece_after,
+        ece_floor=floors,
         auroc_cumulative=auc_cum,
         auroc_conditional=auc_cond,
         conditional_counts=cond_counts,
     )
 
 
+def ece_noise_floor(probs: np.ndarray, n_bins: int, rng: np.random.Generator, draws: int = 200) -> float:
+    """Mean ECE of ``probs`` against outcomes sampled from ``probs`` themselves: what a perfectly calibrated
+    predictor measures on this many rows."""
+    if probs.size == 0:
+        return float("nan")
+    return float(np.mean([ece(probs, (rng.random(probs.shape) < probs).astype(float), n_bins) for _ in range(draws)]))
+
+
 def summary_lines(report: HeldOutConfidence) -> list[str]:
     """A fixed-width table, one line per position."""
-    lines = ["pos      T      n  ECE before  ECE held-out  AUROC cumulative  AUROC conditional (n)"]
+    lines = ["pos      T      n  ECE before  ECE held-out  (floor)  AUROC cumulative  AUROC conditional (n)"]
     for k, t in enumerate(report.temperatures[: len(report.counts)]):
         lines.append(
             f"{k + 1:>3} {t:>6.3f} {report.counts[k]:>6} {report.ece_before[k]:>11.4f} {report.ece[k]:>13.4f}"
-            f" {report.auroc_cumulative[k]:>17.4f} {report.auroc_conditional[k]:>18.4f} ({report.conditional_counts[k]})"
+            f"  ({report.ece_floor[k]:.4f}) {report.auroc_cumulative[k]:>16.4f}"
+            f" {report.auroc_conditional[k]:>18.4f} ({report.conditional_counts[k]})"
         )
     return lines
 
