@@ -16,10 +16,12 @@
    prompts (decoded at T = 1) and reports, on the suites' T = 1 rounds (held out from the fit), ECE of cumulative
    survival and AUROC per position (``deepspec_train.calibration.heldout``).
 
-Writes ``OUT/quality.md`` (the tables), ``OUT/quality.json`` (every number), ``OUT/traces/*.jsonl`` and a W&B run
-(offline unless ``WANDB_MODE`` says otherwise; group = the target's name, like the training runs). Nothing is
-selected on the suites: recipes are chosen on validation data (``--on validation`` decodes the validation
-conversations' prompts, one category each, instead of the suites), the suites only report.
+Writes ``OUT/quality.md`` (the tables), ``OUT/quality.json`` (every number), ``OUT/traces/*.jsonl`` (every
+temperature, and the calibration prompts' rounds), each run's ``OUT/RECIPE/eval/{results.json,traces.jsonl}`` at the
+first temperature (what ``deepspec eval`` writes, so ``deepspec compare`` / ``calibrate`` / ``simulate`` read them)
+and a W&B run (offline unless ``WANDB_MODE`` says otherwise; group = the target's name, like the training runs).
+Nothing is selected on the suites: recipes are chosen on validation data (``--on validation`` decodes the
+validation conversations' prompts, one category each, instead of the suites), the suites only report.
 """
 
 from __future__ import annotations
@@ -212,6 +214,7 @@ def main(argv: list[str]) -> int:
                 results = build_results(rows[d.name], conversations[d.name], d.block_size, header)
                 (out / d.name / "eval").mkdir(parents=True, exist_ok=True)
                 (out / d.name / "eval" / "results.json").write_text(json.dumps(results, indent=2))
+                write_traces(out / d.name / "eval" / "traces.jsonl", rows[d.name])
         totals = totals_by_category(rows)
         ratios = paired_ratios(totals, reference, others, args.bootstrap, seed=0)
         tables[f"tau_T{temperature:g}"] = tau_table(totals, args.recipes, ratios)
