@@ -167,14 +167,17 @@ class ParallelBlockDrafter:
         # The backbone logits of every slot in one product; only the Markov bias waits for the sampled tokens.
         base_logits = module.lm_head(hidden)
         head = module.markov_head
-        state = None if head is None else head.initial_state(hidden[:, 0])
+        state = projection = None
+        if head is not None:
+            state, projection = head.initial_state(hidden[:, 0]), head.hidden_projection(hidden)
         prev = anchor_tokens.clone()
         tokens, probs = [], []
         for k in range(num_tokens):
             logits = base_logits[:, k]
             if head is not None:
-                latent, state = head.step(prev, hidden[:, k], state)
-                logits = logits + module.markov_bias(latent)
+                latent, state = head.step(prev, None if projection is None else projection[:, k], state)
+                # The bias accumulated into the slot's logits in one product.
+                logits = torch.addmm(logits, latent, head.markov_w2.weight.T)
             q = probs_from_logits(logits, temperature)
             prev = sample_tokens(q, temperature, generator)
             tokens.append(prev)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
@@ -167,29 +168,42 @@ class MarkovHead(nn.Module):
             return None
         return like.new_zeros(*like.shape[:-1], self.rank)
 
+    def hidden_projection(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """The part of the gate / joint projection that reads the slot state, bias included (``[..., r]`` gated,
+        ``[..., 3r]`` rnn; None for vanilla). It does not depend on the sampled tokens, so a block computes it for
+        every slot in one product before the sequential loop."""
+        if self.head_type == "gated":
+            return F.linear(hidden, self.gate_proj.weight[:, : hidden.shape[-1]], self.gate_proj.bias)
+        if self.head_type == "rnn":
+            return F.linear(hidden, self.joint_proj.weight[:, 2 * self.rank :], self.joint_proj.bias)
+        return None
+
     def step(
-        self, prev_tokens: torch.Tensor, hidden: torch.Tensor, state: Optional[torch.Tensor]
+        self, prev_tokens: torch.Tensor, hidden_projection: Optional[torch.Tensor], state: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """One slot: ``prev_tokens [...]``, ``hidden [..., d]``, ``state [..., r]`` -> (latent ``u [..., r]``, next
-        state)."""
+        """One slot: ``prev_tokens [...]``, the slot's ``hidden_projection`` and ``state [..., r]`` -> (latent
+        ``u [..., r]``, next state)."""
         embed = self.markov_w1(prev_tokens)
         if self.head_type == "vanilla":
             return embed, state
-        hidden = hidden.to(embed.dtype)
         if self.head_type == "gated":
-            return torch.sigmoid(self.gate_proj(torch.cat([hidden, embed], dim=-1))) * embed, state
-        gate, candidate, output = self.joint_proj(torch.cat([state, embed, hidden], dim=-1)).chunk(3, dim=-1)
+            hidden_size = self.gate_proj.weight.shape[1] - self.rank
+            gate = torch.sigmoid(hidden_projection + F.linear(embed, self.gate_proj.weight[:, hidden_size:]))
+            return gate * embed, state
+        z = hidden_projection + F.linear(torch.cat([state, embed], dim=-1), self.joint_proj.weight[:, : 2 * self.rank])
+        gate, candidate, output = z.chunk(3, dim=-1)
         gate = torch.sigmoid(gate)
         return torch.tanh(output), gate * state + (1.0 - gate) * torch.tanh(candidate)
 
     def block_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced latents of whole blocks: ``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``."""
+        projection = self.hidden_projection(hidden.to(self.markov_w1.weight.dtype))
         if self.head_type != "rnn":
-            return self.step(prev_tokens, hidden, None)[0]
+            return self.step(prev_tokens, projection, None)[0]
         state = self.initial_state(hidden[:, 0])
         latents = []
         for k in range(prev_tokens.shape[1]):
-            latent, state = self.step(prev_tokens[:, k], hidden[:, k], state)
+            latent, state = self.step(prev_tokens[:, k], projection[:, k], state)
             latents.append(latent)
         return torch.stack(latents, dim=1)
 
