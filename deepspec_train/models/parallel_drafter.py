@@ -295,10 +295,28 @@ class ParallelDrafter(nn.Module):
         """Decode time: every layer's context keys / values ``[1, G, n, h]`` of target features ``[n, K*d]`` at
         ``positions [n]``, rotated for the length ``seq_len`` of dynamic RoPE scaling (the block's last position
         + 1, as in ``backbone``; ignored by the other RoPE types). Per row, so rows projected in earlier rounds
-        can be kept (engines cache them)."""
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype))).unsqueeze(0)
+        can be kept (engines cache them).
+
+        Every layer reads the same ``H_ctx``, so all layers' ``k_proj`` / ``v_proj`` run as one product, then one
+        RMS statistic, each layer's ``k_norm`` scale and one RoPE for every layer's keys (vLLM fuses the context
+        projections of DFlash / DSpark drafters the same way); equal to ``keys_values`` layer by layer (tested).
+        """
+        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        attns = [layer.self_attn for layer in self.layers]
+        if not attns:
+            return []
+        first = attns[0]
+        kv_heads, head_dim, num = first.num_kv_heads, first.head_dim, len(attns)
+        weight = torch.cat([a.k_proj.weight for a in attns] + [a.v_proj.weight for a in attns])
+        projected = F.linear(ctx, weight).view(ctx.shape[0], 2, num, kv_heads, head_dim)
+        keys, values = projected.unbind(1)
+        scales = torch.stack([a.k_norm.weight for a in attns])[:, None, :]
+        keys = F.rms_norm(keys.float(), (head_dim,), eps=first.k_norm.eps).to(keys.dtype) * scales
+        # [n, L, G, h] -> [L, G, n, h]: one RoPE over every layer's keys at the rows' positions.
         cos, sin = self.rotary.cos_sin(positions.reshape(1, -1), seq_len)
-        return [layer.self_attn.keys_values(ctx, cos, sin) for layer in self.layers]
+        keys = apply_rotary(keys.permute(1, 2, 0, 3), cos, sin)
+        values = values.permute(1, 2, 0, 3)
+        return [(keys[i : i + 1], values[i : i + 1]) for i in range(num)]
 
     def decode_states(
         self, block_input: torch.Tensor, anchor_position: int, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]]
