@@ -190,10 +190,14 @@ class MarkovHead(nn.Module):
             hidden_size = self.gate_proj.weight.shape[1] - self.rank
             gate = torch.sigmoid(hidden_projection + F.linear(embed, self.gate_proj.weight[:, hidden_size:]))
             return gate * embed, state
-        z = hidden_projection + F.linear(torch.cat([state, embed], dim=-1), self.joint_proj.weight[:, : 2 * self.rank])
-        gate, candidate, output = z.chunk(3, dim=-1)
-        gate = torch.sigmoid(gate)
-        return torch.tanh(output), gate * state + (1.0 - gate) * torch.tanh(candidate)
+        r = self.rank
+        inputs = torch.cat([state, embed], dim=-1)
+        z = torch.addmm(hidden_projection.reshape(-1, 3 * r), inputs.reshape(-1, 2 * r),
+                        self.joint_proj.weight[:, : 2 * r].T).view(*inputs.shape[:-1], 3 * r)
+        gate = torch.sigmoid(z[..., :r])
+        candidate, output = torch.tanh(z[..., r:]).split(r, dim=-1)
+        # g * s + (1 - g) * tanh(c), as one interpolation.
+        return output, torch.lerp(candidate, state, gate)
 
     def block_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced latents of whole blocks: ``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``."""
