@@ -41,7 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from deepspec_train.calibration.cli import read_traces  # noqa: E402
+from deepspec_train.calibration.cli import survival_arrays  # noqa: E402
 from deepspec_train.calibration.heldout import (  # noqa: E402
     HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
 )
@@ -52,6 +52,7 @@ from deepspec_train.evaluation.quality_bench import (  # noqa: E402
 from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
 from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
 from deepspec_train.export.loader import load_exported_drafter  # noqa: E402
+from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
 
 DEFAULT_RECIPES = ("tiny-dspark", "tiny-dflash", "tiny-eagle3")
 GOAL_RATIO = 1.25
@@ -104,7 +105,9 @@ def train(recipe: str, overrides: list[str], args: argparse.Namespace, world: Pa
         sys.executable, str(REPO / "train.py"), f"recipe={recipe}", f"target.path={world / 'target'}",
         f"data.train=[{world / 'conversations' / 'train.jsonl'}]",
         f"data.validation=[{world / 'conversations' / 'validation.jsonl'}]",
-        f"run.output_dir={out}", *steps, f"train.eval_every={every}", f"train.checkpoint_every={every}",
+        # A rerun into the same --out starts each run over (the old one is moved aside, nothing is deleted).
+        f"run.output_dir={out}", "run.overwrite=true", *steps, f"train.eval_every={every}",
+        f"train.checkpoint_every={every}",
         f"logging.progress={str(not args.no_progress).lower()}", *overrides,
     ]
     print("train:", " ".join(command[1:]), flush=True)
@@ -134,29 +137,21 @@ def validation_suites(world: Path, limit: int | None) -> list[Suite]:
     return [Suite(name=f"validation-{c}", prompts=tuple(p[:limit])) for c, p in sorted(by_category.items())]
 
 
-def write_traces(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        for row in rows:
-            handle.write(json.dumps(row) + "\n")
-    return path
-
-
 def confidence_report(args, target, tokenizer, reference: BenchDrafter, world: Path, out: Path, test_rows) -> dict:
     """STS fit on validation prompts at T = 1, scored on the suites' T = 1 rounds of the reference."""
     suite = calibration_suite(world, args.calibration_prompts)
     fit_rows = decode_interleaved(target, tokenizer, [reference], [suite], 1.0, list(range(args.seeds)),
                                   args.new_tokens, not args.no_progress)[reference.name]
-    fit = read_traces([write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)])
-    test = read_traces([write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)])
-    report = held_out_confidence(fit, test)
+    write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)
+    write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)
+    report = held_out_confidence(survival_arrays(fit_rows), survival_arrays(test_rows))
     bound = conditional_auroc_bound(test_rows, len(report.counts))
     return report.to_dict() | {"prompts": len(suite.prompts), "auroc_bound": bound}
 
 
 def log_to_wandb(args, world: Path, out: Path, report: dict, tables: dict[str, tuple[list, list]]) -> None:
     from deepspec_train.config.schema import LoggingConfig
-    from deepspec_train.logging_utils import WandbSink, wandb_labels
+    from deepspec_train.metrics.sinks import WandbSink, wandb_labels
 
     cfg = LoggingConfig()
     # The training runs' group (the target's name), so the table sits next to the runs it compares.
@@ -246,8 +241,7 @@ def main(argv: list[str]) -> int:
                              "val E[L]", "training wall / CPU s"], cost_rows)
 
     ref = drafters[0]
-    if ref.loaded.module.__class__.__name__ == "ParallelDrafter" and ref.loaded.module.confidence_head is not None \
-            and 1.0 in rows_at and args.on == "suites":
+    if getattr(ref.loaded.module, "confidence_head", None) is not None and 1.0 in rows_at and args.on == "suites":
         report["confidence"] = confidence_report(args, target, tokenizer, ref, world, out, rows_at[1.0][ref.name])
 
     text = render(args, report, tables)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepspec_train.evaluation.drafting import DraftContext, block_drafter_for
+from deepspec_train.evaluation.drafting import DraftContext
 from tests.evaluator_fixtures import load_tiny_target, random_drafter
 
 
@@ -19,7 +19,7 @@ def tiny_target(tmp_path_factory, one_torch_thread):
 def test_cached_rounds_equal_uncached(tiny_target, kind) -> None:
     target, tokenizer = tiny_target
     loaded = random_drafter(target, tokenizer, kind, seed=3)
-    drafter = block_drafter_for(loaded)
+    drafter = loaded.block_drafter()
     g = torch.Generator().manual_seed(0)
     width = loaded.module.fc.weight.shape[1]
     features = torch.randn(40, width, generator=g)

@@ -3,7 +3,9 @@ held-out confidence metrics against direct formulas, and interleaved decoding wi
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from deepspec_train.evaluation.quality_bench import (
     BenchDrafter, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,
 )
 from deepspec_train.evaluation.suites import Suite, SuitePrompt
+from deepspec_train.formats.eval_traces import TraceRound, parse_round
 from deepspec_train.metrics.calibration import auroc, ece
 from tests.evaluator_fixtures import load_tiny_target, random_drafter
 
@@ -80,7 +83,7 @@ def _traces(rng: np.random.Generator, n: int, k: int, skill: float) -> TraceArra
     survived = np.cumprod(accept, axis=1).astype(float)
     drafted = rng.integers(1, k + 1, n)
     valid = np.arange(1, k + 1)[None, :] <= drafted[:, None]
-    return TraceArrays(logits=logits, survived=survived * valid, valid=valid, skipped=0)
+    return TraceArrays(logits=logits, survived=survived * valid, valid=valid, skipped=0, suites=["synthetic"])
 
 
 def test_held_out_confidence_against_direct_formulas() -> None:
@@ -123,14 +126,13 @@ def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) ->
     rows = decode_interleaved(target, tokenizer, drafters, suites, 1.0, [0, 1], 12, False, conversations)
     assert {name: len(c) for name, c in conversations.items()} == {"dspark": 6, "dflash": 6, "eagle3": 6}
     alone = decode_interleaved(target, tokenizer, drafters[2:], suites, 1.0, [0, 1], 12, progress=False)
-    timing = ("draft_seconds", "draft_cpu_seconds")
-    strip = [{k: v for k, v in r.items() if k not in timing} for r in rows["eagle3"]]
-    assert strip == [{k: v for k, v in r.items() if k not in timing} for r in alone["eagle3"]]
-    assert {r["seed"] for r in rows["dspark"]} == {0, 1}
+    untimed = [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in rows["eagle3"]]
+    assert untimed == [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in alone["eagle3"]]
+    assert {r.seed for r in rows["dspark"]} == {0, 1}
     totals = totals_by_category(rows)
     assert sorted(totals) == ["code", "prose"] and totals["code"]["dspark"].emitted.size == 2
-    code_rows = [r for r in rows["dflash"] if r["category"] == "code"]
-    assert float(totals["code"]["dflash"].tau()) == pytest.approx(sum(r["emitted"] for r in code_rows) / len(code_rows))
+    code_rows = [r for r in rows["dflash"] if r.category == "code"]
+    assert float(totals["code"]["dflash"].tau()) == pytest.approx(sum(r.emitted for r in code_rows) / len(code_rows))
     ratios = bootstrap_tau_ratios(totals, [("dspark", "dflash"), ("dspark", "eagle3")], 100)
     columns, body = tau_table(totals, ["dspark", "dflash", "eagle3"], ratios)
     assert columns[-1] == "dspark / eagle3" and [row[0] for row in body] == ["code", "prose", "geomean"]
@@ -141,10 +143,9 @@ def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) ->
 
 def test_auroc_ceiling_uses_the_rounds_that_reached_each_position() -> None:
     rows = [
-        {"drafted": 3, "accepted": 3, "analytic_accept": [0.9, 0.8, 0.7]},
-        {"drafted": 3, "accepted": 0, "analytic_accept": [0.2, 0.5, 0.5]},
-        {"drafted": 3, "accepted": 1, "analytic_accept": [0.6, 0.3, 0.9]},
-        {"drafted": 3, "accepted": 2, "analytic_accept": [0.4, 0.9, 0.1]},
+        TraceRound("s", "c", str(i), 0, 0, 3, accepted, accepted + 1, None, None, (1.0,) * 3, analytic_accept=c_star)
+        for i, (accepted, c_star) in enumerate([
+            (3, (0.9, 0.8, 0.7)), (0, (0.2, 0.5, 0.5)), (1, (0.6, 0.3, 0.9)), (2, (0.4, 0.9, 0.1))])
     ]
     bound = conditional_auroc_bound(rows, 3)
     assert bound[0] == pytest.approx(auroc([0.9, 0.2, 0.6, 0.4], [1, 0, 1, 1]))
@@ -152,12 +153,26 @@ def test_auroc_ceiling_uses_the_rounds_that_reached_each_position() -> None:
     assert bound[2] == pytest.approx(auroc([0.7, 0.1], [1, 0]))
 
 
+def test_trace_rounds_keep_the_new_fields_and_old_traces_still_load() -> None:
+    """The analytic acceptance, draft timings and seed round-trip through the trace format; a line written before
+    they existed reads with them unset."""
+    old = {"suite": "s", "category": "c", "prompt_id": "p", "turn": 0, "round": 1, "drafted": 2, "accepted": 1,
+           "emitted": 2, "confidence_logits": None, "confidences": None, "target_accept_probs": [1.0, 0.5]}
+    legacy = parse_round(old)
+    assert (legacy.analytic_accept, legacy.draft_seconds, legacy.draft_cpu_seconds, legacy.seed) == (None,) * 4
+    new = dataclasses.replace(legacy, analytic_accept=(0.75, 0.5), draft_seconds=0.01, draft_cpu_seconds=0.005, seed=3)
+    assert parse_round(json.loads(json.dumps(dataclasses.asdict(new)))) == new
+    with pytest.raises(ValueError, match="analytic_accept has 1 entries for 2 drafted tokens"):
+        parse_round({**old, "analytic_accept": [0.5]})
+    with pytest.raises(ValueError, match="draft_seconds = -1 is negative"):
+        parse_round({**old, "draft_seconds": -1})
+
+
 
 @pytest.mark.slow
 def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path) -> None:
     """``bench/quality.py`` as a user runs it: trains the three tiny recipes (a few steps, the `test` world's
     shapes), decodes at T = 1 and 0, prints the tables, writes results, traces and an offline W&B run."""
-    import json
     import os
     import subprocess
     import sys

@@ -17,7 +17,7 @@ Binned ECE on a finite sample is biased upwards: even a perfectly calibrated hea
 calibration would measure on this many rounds.
 
 Temperatures do not change an AUROC at one position (they are monotone maps of ``z_k``), only the ECE. The
-inputs are ``TraceArrays`` (``deepspec_train.calibration.cli.read_traces``).
+inputs are ``TraceArrays`` (``deepspec_train.calibration.cli.survival_arrays`` of trace rounds).
 
 What limits the conditional AUROC: before ``d_k`` is drawn, the probability that it will be accepted is the
 analytic acceptance ``c*_k = sum min(p_k, q_k)`` (recorded per round as ``analytic_accept``), and whether it is
@@ -29,6 +29,7 @@ rounds -- is the ceiling; it is low when ``c*_k`` varies little from block to bl
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from deepspec_train.calibration.cli import TraceArrays
 from deepspec_train.calibration.temperature_scaling import (
     calibrated_confidences, cumulative_survival, sequential_temperature_scaling,
 )
+from deepspec_train.formats.eval_traces import TraceRound
 from deepspec_train.metrics.calibration import auroc, ece
 
 
@@ -117,13 +119,13 @@ def summary_lines(report: HeldOutConfidence) -> list[str]:
     return lines
 
 
-def conditional_auroc_bound(rows: list[dict], num_positions: int) -> list[float]:
+def conditional_auroc_bound(rows: Sequence[TraceRound], num_positions: int) -> list[float]:
     """Per position ``k``: AUROC of ``c*_k`` (trace ``analytic_accept``) against acceptance of draft ``k`` over the
     rounds that reached ``k`` (see the module docstring)."""
     bounds = []
     for k in range(num_positions):
-        reached = [r for r in rows if r["drafted"] > k and r["accepted"] >= k and len(r.get("analytic_accept", [])) > k]
-        scores = np.array([r["analytic_accept"][k] for r in reached])
-        accepted = np.array([float(r["accepted"] > k) for r in reached])
+        reached = [r for r in rows if r.drafted > k and r.accepted >= k and len(r.analytic_accept or ()) > k]
+        scores = np.array([r.analytic_accept[k] for r in reached])
+        accepted = np.array([float(r.accepted > k) for r in reached])
         bounds.append(auroc(scores, accepted))
     return bounds

@@ -29,13 +29,17 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from deepspec_train.evaluation.drafting import BlockDrafter, LoadedDrafterLike, block_drafter_for
-from deepspec_train.evaluation.report import ConversationStats
+from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.evaluation.drafting import BlockDrafter
 from deepspec_train.evaluation.paired_bootstrap import (
     PromptTotals, RatioEstimate, bootstrap_mean, bootstrap_tau_ratios, prompt_totals,
 )
+from deepspec_train.evaluation.report import ConversationStats
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite
+from deepspec_train.export.loader import LoadedDrafter
+from deepspec_train.formats.eval_traces import TraceRound
+from deepspec_train.kinds.registry import kind_spec
 
 
 @dataclass
@@ -43,23 +47,25 @@ class BenchDrafter:
     """One drafter in the benchmark: its display name, the loaded drafter and its drafting strategy."""
 
     name: str
-    loaded: LoadedDrafterLike
+    loaded: LoadedDrafter
     drafter: BlockDrafter
 
     @classmethod
-    def of(cls, name: str, loaded: LoadedDrafterLike) -> "BenchDrafter":
-        return cls(name, loaded, block_drafter_for(loaded))
+    def of(cls, name: str, loaded: LoadedDrafter) -> "BenchDrafter":
+        return cls(name, loaded, loaded.block_drafter())
 
     @property
     def block_size(self) -> int:
         return self.drafter.max_block_size
 
     def sequential_layer_passes(self) -> int:
-        """Decoder-layer passes one after the other per drafted block (see the module docstring)."""
-        module = self.loaded.module
-        if self.loaded.kind == "eagle3":
-            return self.block_size
-        return len(module.layers)
+        """Decoder-layer passes one after the other per drafted block (see the module docstring), as the kind
+        counts them for a drafter of this many layers drafting ``block_size`` tokens."""
+        # A parallel drafter's layer stack is ``layers``; EAGLE-3 has its one ``midlayer``.
+        layers = len(getattr(self.loaded.module, "layers", ())) or 1
+        cfg = DrafterConfig(kind=self.loaded.kind, num_layers=layers, block_size=self.block_size,
+                            ttt_steps=self.block_size)
+        return kind_spec(self.loaded.kind).sequential_passes(cfg)
 
 
 def decode_seed(seed: int, suite: str, prompt_index: int) -> int:
@@ -77,10 +83,11 @@ def decode_interleaved(
     max_new_tokens: int,
     progress: bool = True,
     conversations: Optional[dict[str, list[ConversationStats]]] = None,
-) -> dict[str, list[dict]]:
-    """Trace rows (``deepspec eval --save-traces`` rows plus ``seed``) of every drafter on every prompt; each
-    decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when given."""
-    rows: dict[str, list[dict]] = {d.name: [] for d in drafters}
+) -> dict[str, list[TraceRound]]:
+    """Trace rounds (what ``deepspec eval --save-traces`` writes, with their ``seed``) of every drafter on every
+    prompt; each decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when
+    given."""
+    rows: dict[str, list[TraceRound]] = {d.name: [] for d in drafters}
     total = len(seeds) * sum(len(s.prompts) for s in suites)
     with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
               dynamic_ncols=True) as bar:
@@ -94,8 +101,8 @@ def decode_interleaved(
                             generator=generator, confidence_temperatures=d.loaded.confidence_temperatures,
                         )
                         turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
-                        base = {"suite": suite.name, "category": prompt.category, "prompt_id": prompt.id, "seed": seed}
-                        rows[d.name].extend({**base, **vars(r)} for turn in turns for r in turn.rounds)
+                        rows[d.name].extend(r.trace(suite.name, prompt.category, prompt.id, seed)
+                                            for turn in turns for r in turn.rounds)
                         if conversations is not None:
                             conversations.setdefault(d.name, []).append(ConversationStats(
                                 suite.name, prompt.category, sum(len(t.tokens) for t in turns),
@@ -104,14 +111,14 @@ def decode_interleaved(
     return rows
 
 
-def totals_by_category(rows: dict[str, list[dict]]) -> dict[str, dict[str, PromptTotals]]:
+def totals_by_category(rows: dict[str, list[TraceRound]]) -> dict[str, dict[str, PromptTotals]]:
     """``{category: {drafter: per-prompt totals}}``, seeds pooled per prompt, prompts aligned across drafters."""
     sums: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name, drafter_rows in rows.items():
         for r in drafter_rows:
-            per_prompt = sums.setdefault(r["category"], {}).setdefault(name, {})
-            entry = per_prompt.setdefault(f"{r['suite']}/{r['prompt_id']}", [0.0, 0.0])
-            entry[0] += r["emitted"]
+            per_prompt = sums.setdefault(r.category, {}).setdefault(name, {})
+            entry = per_prompt.setdefault(f"{r.suite}/{r.prompt_id}", [0.0, 0.0])
+            entry[0] += r.emitted
             entry[1] += 1
     out: dict[str, dict[str, PromptTotals]] = {}
     for category, by_drafter in sums.items():
@@ -130,13 +137,16 @@ def tau_by_category(totals: dict[str, dict[str, PromptTotals]]) -> dict[str, dic
 
 
 def draft_ms_per_round(
-    rows: Iterable[dict], replicates: int, seed: int, field: str = "draft_cpu_seconds"
+    rows: Iterable[TraceRound], replicates: int, seed: int, field: str = "draft_cpu_seconds"
 ) -> RatioEstimate:
     """Mean drafter time per round in milliseconds (``field``: the thread's CPU time, or ``draft_seconds`` for
     wall time), with a bootstrap over prompts."""
     per_prompt: dict[str, list[float]] = {}
     for r in rows:
-        per_prompt.setdefault(f"{r['suite']}/{r['prompt_id']}", []).append(1e3 * r[field])
+        seconds = getattr(r, field)
+        if seconds is None:
+            raise ValueError(f"round {r.round} of prompt {r.prompt_id} has no {field} (a trace from before timing)")
+        per_prompt.setdefault(f"{r.suite}/{r.prompt_id}", []).append(1e3 * seconds)
     return bootstrap_mean([np.asarray(v) for v in per_prompt.values()], replicates, seed)
 
 

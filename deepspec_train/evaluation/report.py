@@ -63,7 +63,7 @@ def summarize(rounds: Sequence[TraceRound], conversations: list[ConversationStat
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "conditional_acceptance": conditional_acceptance(rounds, block_size),
     }
-    timed = [r["draft_seconds"] for r in rounds if "draft_seconds" in r]
+    timed = [r.draft_seconds for r in rounds if r.draft_seconds is not None]
     if timed:
         summary["draft_ms_per_round"] = 1e3 * sum(timed) / len(timed)
     confidence = mean_confidence(rounds, block_size)

@@ -35,6 +35,7 @@ from deepspec_train.evaluation.spec_sampling import (
     verify_blocks,
     verify_blocks_greedy,
 )
+from deepspec_train.formats.eval_traces import TraceRound
 from deepspec_train.target.hidden_states import decoder_of
 
 TURN_END_TOKEN = "<|im_end|>"
@@ -63,6 +64,21 @@ class RoundRecord:
     # on a shared machine does not inflate.
     draft_seconds: float = 0.0
     draft_cpu_seconds: float = 0.0
+
+    def trace(self, suite: str, category: str, prompt_id: str, seed: Optional[int] = None) -> TraceRound:
+        """This round's trace line, for prompt ``prompt_id`` of ``suite`` (decoded with sampling seed ``seed``,
+        when a caller pools several)."""
+        return TraceRound(
+            suite=suite, category=category, prompt_id=prompt_id, turn=self.turn, round=self.round,
+            drafted=self.drafted, accepted=self.accepted, emitted=self.emitted,
+            confidence_logits=None if self.confidence_logits is None else tuple(self.confidence_logits),
+            confidences=None if self.confidences is None else tuple(self.confidences),
+            target_accept_probs=tuple(self.target_accept_probs),
+            analytic_accept=tuple(self.analytic_accept),
+            draft_seconds=self.draft_seconds,
+            draft_cpu_seconds=self.draft_cpu_seconds,
+            seed=seed,
+        )
 
 
 @dataclass
@@ -93,7 +109,7 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 
 def verify_drafts(
     draft: DraftBlock, target_logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator] = None
-) -> tuple[VerifyResult, torch.Tensor]:
+) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
     """Verify ``R`` drafted blocks against ``target_logits [R, K+1, V]`` at ``temperature`` (0 = greedy).
 
     Returns the verification result, ``min(1, p_k(d_k) / q_k(d_k))`` per drafted token (``[R, K]``) and the
