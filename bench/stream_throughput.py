@@ -70,7 +70,8 @@ class _Recording:
         for step in self.source:
             kept: list = []
             self.kept.append(kept)
-            yield StepBatches(step.num_batches, step.num_active, step.num_supervised, _keeping(step.batches, kept))
+            yield StepBatches(step.num_batches, step.num_active, step.num_supervised, _keeping(step.batches, kept),
+                              step.slot_counts)
 
     def state_dict(self) -> dict:
         return self.source.state_dict()

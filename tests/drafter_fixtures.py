@@ -8,7 +8,7 @@ import torch
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.parallel_drafter import ParallelDrafter
-from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 from deepspec_train.packing.packer import SequenceItem
 
 VOCAB = 97
@@ -86,3 +86,25 @@ def drafter_outputs(module: torch.nn.Module, batch: PackedBatch) -> dict[str, to
             hidden = module.backbone(batch)
             out["confidence"] = module.confidence_logits(hidden, module.markov_rows(batch.block_prev))
     return out
+
+
+def anchor_batch(context, anchors: torch.Tensor, width: int, fill_token: int) -> PackedBatch:
+    """A packed batch of ``len(anchors)`` blocks of one sequence, all anchored at ``context.anchor_position``
+    (a ``DraftContext``): what decode-time drafting computes, as a training batch for teacher-forced checks."""
+    num_ctx, num_blocks = context.anchor_position, int(anchors.shape[0])
+    block_input = torch.full((num_blocks, width), fill_token, dtype=torch.long)
+    block_input[:, 0] = anchors
+    zeros = torch.zeros(num_blocks, dtype=torch.long)
+    return PackedBatch(
+        ctx_features=context.features,
+        ctx_tokens=context.tokens.long(),
+        ctx_seq=torch.zeros(num_ctx, dtype=torch.long),
+        ctx_pos=torch.arange(num_ctx),
+        block_input=block_input,
+        block_seq=zeros,
+        block_anchor=zeros + num_ctx,
+        block_prev=block_input.clone(),
+        labels=torch.full_like(block_input, IGNORE_INDEX),
+        target_hidden=context.features.new_zeros(0, context.features.shape[-1]),
+        sample_ids=torch.zeros(1, dtype=torch.long),
+    )

@@ -28,9 +28,14 @@ def reference_loss(
     alpha_ce: float = 0.1,
     alpha_tv: float = 0.9,
     alpha_conf: float = 1.0,
-    normalizer: float | None = None,
+    distance: str = "tv",
+    normalizer: float | torch.Tensor | None = None,
 ) -> dict:
-    """Return the loss (differentiable) and per-row terms as Python lists / tensors."""
+    """Return the loss (differentiable) and per-row terms as Python lists / tensors.
+
+    ``distance="l1"`` uses ``sum_j |p_d[j] - p_t[j]|`` plus the uncovered target mass, written out rather than
+    derived from TV; ``normalizer`` may be a number or one denominator per row.
+    """
     n = draft_hidden.shape[0]
     target_logits = target_hidden @ target_head_weight.T
     draft_logits = draft_hidden @ draft_head_weight.T
@@ -39,6 +44,10 @@ def reference_loss(
     draft_ids = list(range(draft_head_weight.shape[0])) if draft_to_target is None else draft_to_target.tolist()
     draft_id_of_target = {target_id: j for j, target_id in enumerate(draft_ids)}
 
+    if normalizer is None:
+        normalizer = float(max(n, 1))
+    row_norm = [float(x) for x in normalizer] if isinstance(normalizer, torch.Tensor) and normalizer.dim() else [
+        float(normalizer)] * n
     total = draft_hidden.new_zeros(())
     rows = {"ce": [], "tv": [], "bce": [], "c_star": [], "draft_correct": [], "target_correct": [],
             "conf_prob": []}
@@ -47,6 +56,8 @@ def reference_loss(
         p_draft = torch.softmax(draft_logits[i] / temperature, dim=0)
         covered = torch.stack([p_target[t] for t in draft_ids])
         tv = 0.5 * ((p_draft - covered).abs().sum() + (1.0 - covered.sum()))
+        l1 = (p_draft - covered).abs().sum() + (1.0 - covered.sum())
+        dist = {"tv": tv, "l1": l1}[distance]
         c_star = torch.minimum(p_draft, covered).sum().detach()
         label = int(labels[i])
         ce = -torch.log(p_draft[draft_id_of_target[label]]) if label in draft_id_of_target else total * 0
@@ -56,18 +67,16 @@ def reference_loss(
             prob = torch.sigmoid(conf_logits[i])
             bce = -(c_star * torch.log(prob) + (1 - c_star) * torch.log(1 - prob))
             rows["conf_prob"].append(float(prob.detach()))
-        total = total + weights[i] * (alpha_ce * ce + alpha_tv * tv + alpha_conf * bce)
+        total = total + weights[i] * (alpha_ce * ce + alpha_tv * dist + alpha_conf * bce) / row_norm[i]
         rows["ce"].append(float(ce.detach()))
         rows["tv"].append(float(tv.detach()))
         rows["bce"].append(float(bce.detach()))
         rows["c_star"].append(float(c_star))
         rows["draft_correct"].append(draft_ids[int(draft_logits[i].argmax())] == label)
         rows["target_correct"].append(int(target_logits[i].argmax()) == label)
-    if normalizer is None:
-        normalizer = float(max(n, 1))
     w = weights.tolist()
     return {
-        "loss": total / normalizer,
+        "loss": total,
         "ce_sum": math.fsum(wi * x for wi, x in zip(w, rows["ce"])),
         "tv_sum": math.fsum(wi * x for wi, x in zip(w, rows["tv"])),
         "conf_sum": math.fsum(wi * x for wi, x in zip(w, rows["bce"])),

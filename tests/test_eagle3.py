@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -18,6 +19,7 @@ from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 
 MASK_ID = 1
@@ -374,3 +376,39 @@ def test_qwen3_shapes_on_meta_device() -> None:
         }, name
         assert drafter.d2t.dtype == torch.long and drafter.t2d.dtype == torch.bool
     assert {"Qwen3-4B", "Qwen3-8B", "Qwen3-14B"} <= set(configs)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("rope", [None, {"rope_type": "dynamic", "factor": 2.0}])
+def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
+    """Decode-time drafting steps through a KV cache; its per-step states and draft distributions equal the
+    training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once; with
+    dynamic RoPE scaling too (every step rotates at the length the unroll uses), past the trained positions."""
+    from deepspec_train.evaluation.drafting import DraftContext, Eagle3BlockDrafter
+    from tests.drafter_fixtures import anchor_batch
+
+    block = 5
+    drafter = make_drafter(block)
+    if rope is not None:
+        geometry = dataclasses.replace(TINY, rope_parameters={**rope, "rope_theta": TINY.rope_theta},
+                                       max_position_embeddings=8)
+        drafter.geometry, drafter.rotary = geometry, RotaryEmbedding.for_geometry(geometry)
+        assert drafter.rotary.dynamic
+    gen = torch.Generator().manual_seed(7)
+    length = 13
+    context = DraftContext(torch.randn(length, 3 * TINY.hidden_size, generator=gen),
+                           torch.randint(2, TINY.vocab_size, (length,), generator=gen))
+    anchors = torch.tensor([4, 4, 9, 17])
+    draft = Eagle3BlockDrafter(drafter).draft(context, anchors, block, 1.0, torch.Generator().manual_seed(1))
+    batch = anchor_batch(context, anchors, block, fill_token=0)
+    batch.block_prev = torch.cat([anchors[:, None], draft.tokens[:, :-1]], dim=1)
+    hidden = drafter.unroll(batch, block)
+    probs = torch.softmax(drafter.lm_head(drafter.norm(hidden)), dim=-1)
+    expected = probs.new_zeros(len(anchors), block, TINY.vocab_size)
+    expected[:, :, drafter.draft_vocab.target_ids()] = probs
+    torch.testing.assert_close(draft.probs, expected, rtol=1e-5, atol=1e-6)
+    seq_len = length + block if rope is not None else 0
+    kv = drafter.entry_kv(context.tokens[1:], context.features[:-1], torch.arange(1, length), seq_len)
+    steps = drafter.start_draft(kv, context.features[-1], len(anchors), length, seq_len)
+    for k in range(block):
+        torch.testing.assert_close(steps.step(batch.block_prev[:, k]), hidden[:, k], rtol=1e-5, atol=1e-6)

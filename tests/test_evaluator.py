@@ -13,7 +13,7 @@ import torch
 from deepspec_train.cli import main as deepspec_main
 from deepspec_train.evaluation.drafting import DraftBlock, DraftContext
 from deepspec_train.evaluation.report import ConversationStats, build_results, conditional_acceptance
-from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
+from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, verify_drafts
 from deepspec_train.evaluation.suites import load_suite
 from deepspec_train.formats.eval_traces import parse_round
 from deepspec_train.formats.trained_drafter import write_trained_drafter
@@ -23,7 +23,8 @@ from tests.evaluator_fixtures import BLOCK, drafter_recipe, load_tiny_target, ra
 MAX_NEW = 20
 TRACE_FIELDS = {
     "suite", "category", "prompt_id", "turn", "round", "drafted", "accepted", "emitted",
-    "confidence_logits", "confidences", "target_accept_probs",
+    "confidence_logits", "confidences", "target_accept_probs", "draft_seconds", "draft_cpu_seconds",
+    "analytic_accept", "seed",
 }
 
 
@@ -148,6 +149,22 @@ def _brute_conditional(rounds: list[dict], k: int) -> Optional[float]:
     return hits / trials if trials else None
 
 
+def test_analytic_acceptance_is_the_first_draft_acceptance_rate():
+    """``c*_1 = sum min(p_1, q_1)``: written out, and equal to the rate at which exact verification accepts the
+    first draft when ``d_1 ~ q_1`` (many sampled rounds of one fixed pair of distributions)."""
+    g = torch.Generator().manual_seed(0)
+    vocab, k, rows = 6, 3, 40_000
+    q = torch.softmax(torch.randn(k, vocab, generator=g) * 1.5, -1)
+    logits = torch.randn(k + 1, vocab, generator=g) * 1.5
+    p = torch.softmax(logits, -1)
+    tokens = torch.stack([torch.multinomial(q[j], rows, replacement=True, generator=g) for j in range(k)], 1)
+    draft = DraftBlock(tokens, q.expand(rows, -1, -1), None)
+    result, _, c_star = verify_drafts(draft, logits.expand(rows, -1, -1), 1.0, g)
+    expected = [sum(min(float(p[j, v]), float(q[j, v])) for v in range(vocab)) for j in range(k)]
+    torch.testing.assert_close(c_star[0], torch.tensor(expected, dtype=torch.float64))
+    assert float((result.accepted >= 1).double().mean()) == pytest.approx(expected[0], abs=0.01)
+
+
 def test_report_aggregates_by_suite_and_category():
     rng = random.Random(0)
     rounds = []
@@ -221,11 +238,13 @@ def test_eval_cli_writes_results_and_traces(target, tmp_path):
     traces = [json.loads(line) for line in traces_path.read_text().splitlines()]
     assert results["drafter_kind"] == "dspark" and results["block_size"] == BLOCK and results["temperature"] == 1.0
     assert all(set(t) == TRACE_FIELDS for t in traces)
+    assert all(t["draft_seconds"] > 0 and t["draft_cpu_seconds"] >= 0 for t in traces)
     assert {(t["prompt_id"], t["turn"]) for t in traces} == {("p1", 0), ("p1", 1), ("p2", 0)}
     entry = results["suites"]["mini"]
     assert set(entry["categories"]) == {"chat", "code"}
     assert entry["rounds"] == len(traces) and entry["tau"] >= 1.0
     assert entry["tau"] == pytest.approx(sum(t["emitted"] for t in traces) / len(traces))
+    assert entry["draft_ms_per_round"] == pytest.approx(1e3 * sum(t["draft_seconds"] for t in traces) / len(traces))
     for k in range(1, BLOCK + 1):
         assert entry["conditional_acceptance"][k - 1] == pytest.approx(_brute_conditional(traces, k))
     assert all(len(t["confidences"]) == t["drafted"] == BLOCK for t in traces)

@@ -23,7 +23,7 @@ from deepspec_train.export.layouts import (
     validate_layout,
     vllm_eagle3_layer_ids,
 )
-from deepspec_train.export.loader import LoadedDrafter, load_exported_drafter
+from deepspec_train.export.loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
 from deepspec_train.models.factory import build_drafter_for_geometry
@@ -165,6 +165,28 @@ def test_round_trip_is_bit_identical(tmp_path, target_dir, kind, labels, layout)
     if kind == "eagle3":
         assert torch.equal(loaded.module.d2t, drafter.d2t) and torch.equal(loaded.module.t2d, drafter.t2d)
         assert not bool(drafter.t2d.all())
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+def test_sequential_markov_heads_round_trip(tmp_path, target_dir, head_type):
+    cfg = tiny_recipe("dspark", target_dir, markov_head_type=head_type)
+    drafter = trained_drafter(cfg)
+    run = write_training_output(drafter, cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["markov_head_type"] == head_type
+    loaded = load_exported_drafter(out, target_path=target_dir)
+    assert loaded.module.markov_head.head_type == head_type
+    batch = random_batch("dspark", 1)
+    want, got = drafter_outputs(drafter, batch), drafter_outputs(loaded.module, batch)
+    for name in want:
+        assert torch.equal(want[name], got[name]), name
+    config["markov_head_type"] = "lstm"
+    with pytest.raises(LayoutError, match="markov_head_type = 'lstm'"):
+        validate_layout("dspark", config, read_tensor_specs(out / "model.safetensors"))
+    config["markov_head_type"] = "vanilla"
+    with pytest.raises(LayoutError, match="unexpected tensor markov_head"):
+        validate_layout("dspark", config, read_tensor_specs(out / "model.safetensors"))
 
 
 def test_training_dir_loads_directly(tmp_path, target_dir):
@@ -410,6 +432,22 @@ def test_qwen3_8b_dspark_plan_matches_formats():
         "confidence_temperatures": [1.0] * 7, "hidden_size": D, "intermediate_size": I, "vocab_size": V,
     }
     assert {k: plan.config[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("head_type,extra", [
+    ("gated", {"markov_head.gate_proj.weight": (256, D + 256), "markov_head.gate_proj.bias": (256,)}),
+    ("rnn", {"markov_head.joint_proj.weight": (3 * 256, 2 * 256 + D), "markov_head.joint_proj.bias": (3 * 256,)}),
+])
+def test_qwen3_8b_sequential_markov_plans_match_sglang(head_type, extra):
+    """SGLang's GatedMarkovHead / RNNHead tensors (names and [out, in] shapes) at Qwen3-8B's production shape."""
+    cfg = DrafterConfig(kind="dspark", num_layers=5, block_size=7, markov_rank=256, confidence_head=True,
+                        markov_head_type=head_type)
+    with torch.device("meta"):
+        module = ParallelDrafter(geometry_from_target_config(QWEN3_8B), cfg, REFERENCE_LAYER_IDS["Qwen3-8B"])
+    loaded = LoadedDrafter(module, "dspark", 7, REFERENCE_LAYER_IDS["Qwen3-8B"], 151669, None, "dspark", "training")
+    plan = plan_export(loaded, QWEN3_8B.to_dict())
+    assert plan.config["markov_head_type"] == head_type
+    assert plan_shapes(plan) == formats_parallel(256, True, heads=True) | extra
 
 
 def test_qwen3_8b_dspark_label_dflash_plan_is_rank_zero_dspark_layout():

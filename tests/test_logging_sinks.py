@@ -13,7 +13,9 @@ import torch
 
 from deepspec_train.config.schema import LoggingConfig
 from deepspec_train.console import get_logger, rank0_print
-from deepspec_train.metrics.sinks import FanoutSink, JsonlSink, MetricsSink, NoOpSink, WandbSink, make_sink
+from deepspec_train.metrics.sinks import (
+    FanoutSink, JsonlSink, MetricsSink, NoOpSink, WandbSink, make_sink, wandb_labels,
+)
 from deepspec_train.training.progress import TrainProgress
 
 
@@ -98,11 +100,16 @@ def test_wandb_offline_run_through_make_sink(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
     # The recipe asks for online; the WANDB_MODE environment variable must win (no network here).
     cfg = LoggingConfig(wandb=True, wandb_project="deepspec_train_test", wandb_mode="online")
-    sink = make_sink(tmp_path, cfg, "tiny-run", {"drafter": {"kind": "dspark"}}, is_main=True)
+    recipe = {"drafter": {"kind": "dspark"}, "target": {"path": "artifacts/tinyworld/target/"},
+              "run": {"name": "tiny-dspark"}}
+    sink = make_sink(tmp_path, cfg, "tiny-run", recipe, is_main=True)
     wandb_sink = sink.sinks[1]
     assert isinstance(wandb_sink, WandbSink)
     assert wandb_sink.run.settings.mode == "offline"
     assert wandb_sink.run.config["drafter"] == {"kind": "dspark"}
+    assert wandb_sink.run.group == "target"
+    assert set(wandb_sink.run.tags) == {"drafter:dspark", "target:target", "recipe:tiny-dspark"}
+    assert (wandb_sink.run.config["drafter_kind"], wandb_sink.run.config["recipe"]) == ("dspark", "tiny-dspark")
     sink.log({"train/loss": 2.0, "train/acc_1": 0.5}, step=1)
     sink.log_table("val/per_position", ["k", "accept"], [[1, 0.9], [2, 0.8]], step=2)
     png = tmp_path / "img.png"
@@ -116,6 +123,15 @@ def test_wandb_offline_run_through_make_sink(tmp_path, monkeypatch):
     assert len(run_dirs) == 1
     assert list(run_dirs[0].glob("*.wandb")), "offline run wrote no .wandb log"
     assert [r["step"] for r in _read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 2]
+
+
+def test_wandb_group_defaults_to_the_target_and_can_be_set():
+    recipe = {"drafter": {"kind": "eagle3"}, "target": {"path": "/models/Qwen3-8B"}, "run": {"name": "qwen3-8b-eagle3"}}
+    group, tags, labels = wandb_labels(LoggingConfig(), recipe)
+    assert group == "Qwen3-8B" and labels["target_name"] == "Qwen3-8B"
+    assert tags == ["drafter:eagle3", "target:Qwen3-8B", "recipe:qwen3-8b-eagle3"]
+    assert wandb_labels(LoggingConfig(wandb_group="sweep-7"), recipe)[0] == "sweep-7"
+    assert wandb_labels(LoggingConfig(), {}) == (None, [], {})
 
 
 def test_rank0_print_and_logger_only_on_rank_zero(monkeypatch, capsys):

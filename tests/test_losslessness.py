@@ -61,7 +61,7 @@ def _speculative_round(
         draft = drafter.draft(context, rows, DRAFTS, temperature, generator)
         sequences = torch.cat([prefix.expand(len(rows), -1), rows[:, None], draft.tokens], dim=1)
         logits = _last_logits(model, sequences, DRAFTS + 1)
-        result, _ = verify_drafts(DraftBlock(draft.tokens, draft.probs, None), logits, temperature, generator)
+        result, _, _ = verify_drafts(DraftBlock(draft.tokens, draft.probs, None), logits, temperature, generator)
         accepted.append(result.accepted)
         tokens.append(result.tokens)
     return torch.cat(accepted), torch.cat(tokens)

@@ -191,3 +191,20 @@ def test_block_size_mismatch_is_rejected():
     model = tiny_drafter("dspark", block_size=BLOCK + 1)
     with pytest.raises(ValueError, match="block size"):
         model.backbone(_batch())
+
+
+@torch.no_grad()
+def test_fused_context_kv_equals_each_layers_projection():
+    """Decode time projects every layer's context keys / values in one product; equal to each layer's own."""
+    model = tiny_drafter("dspark", num_layers=3)
+    g = torch.Generator().manual_seed(5)
+    features = torch.randn(9, len(LAYER_IDS) * HIDDEN, generator=g)
+    positions = torch.arange(4, 13)
+    fused = model.context_kv(features, positions)
+    ctx = model.hidden_norm(model.fc(features)).unsqueeze(0)
+    cos, sin = model.rotary.cos_sin(positions.reshape(1, -1))
+    assert len(fused) == 3
+    for layer, (k, v) in zip(model.layers, fused):
+        want_k, want_v = layer.self_attn.keys_values(ctx, cos, sin)
+        torch.testing.assert_close(k, want_k, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(v, want_v, rtol=1e-5, atol=1e-6)

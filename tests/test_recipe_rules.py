@@ -102,6 +102,17 @@ RECIPE_RULES = [
     ("tiny-eagle3", "drafter.labels=zlab", "drafter.labels=zlab is DFlash's own convention"),
     ("tiny-eagle3", "drafter.draft_vocab_size=0", "drafter.draft_vocab_size = 0 must be >= 1"),
     ("tiny-eagle3", "target.layer_ids=[0,0]", "fuses exactly 3 target layers: target.layer_ids has 2"),
+    ("tiny-eagle3", "drafter.markov_head_type=gated", "drafter.markov_head_type = 'gated' is not used by drafter.kind=eagle3"),
+    ("tiny-eagle3", "drafter.markov_init=normal", "drafter.markov_init = 'normal' is not used by drafter.kind=eagle3"),
+    ("tiny-eagle3", "drafter.confidence_gradient=joint", "drafter.confidence_gradient = 'joint' is not used by drafter.kind=eagle3"),
+    ("tiny-dflash", "drafter.markov_head_type=rnn", "drafter.markov_head_type = 'rnn' is not used by drafter.kind=dflash"),
+    ("tiny-dflash", "drafter.markov_init=normal", "drafter.markov_init = 'normal' is not used by drafter.kind=dflash"),
+    ("tiny-dflash", "drafter.confidence_gradient=joint", "drafter.confidence_gradient = 'joint' is not used by drafter.kind=dflash"),
+    ("tiny-dspark", ["drafter.confidence_head=false", "drafter.confidence_gradient=joint"],
+     "drafter.confidence_gradient = 'joint' is not used by drafter.kind=dspark"),
+    ("tiny-dspark", "drafter.markov_head_type=lstm", "'drafter.markov_head_type' = 'lstm' is not one of 'vanilla', 'gated', 'rnn'"),
+    ("tiny-dspark", "loss.normalizer=batch", "'loss.normalizer' = 'batch' is not one of 'token', 'sequence'"),
+    ("tiny-dspark", "loss.distance=l2", "'loss.distance' = 'l2' is not one of 'tv', 'l1'"),
 ]
 
 
@@ -151,6 +162,18 @@ def test_target_directory_without_config_and_with_a_broken_one(tiny_world: Path,
 def test_an_unused_kind_setting_is_fine_at_its_neutral_value(tiny_world: Path, tmp_path: Path) -> None:
     base = world_overrides(tiny_world, "tiny-eagle3", tmp_path)
     assert load_recipe("tiny-eagle3", base + ["drafter.markov_rank=0"]).drafter.markov_rank == 0
+    assert load_recipe("tiny-eagle3", base + ["drafter.markov_head_type=vanilla"]).drafter.markov_head_type == "vanilla"
+
+
+def test_the_parity_switches_load(tiny_world: Path, tmp_path: Path) -> None:
+    switches = ["loss.normalizer=sequence", "loss.distance=l1", "drafter.markov_head_type=rnn",
+                "drafter.markov_init=normal", "drafter.confidence_gradient=joint"]
+    cfg = load_recipe("tiny-dspark", world_overrides(tiny_world, "tiny-dspark", tmp_path) + switches)
+    assert (cfg.loss.normalizer, cfg.loss.distance) == ("sequence", "l1")
+    assert (cfg.drafter.markov_head_type, cfg.drafter.markov_init, cfg.drafter.confidence_gradient) == (
+        "rnn", "normal", "joint")
+    eagle3 = load_recipe("tiny-eagle3", world_overrides(tiny_world, "tiny-eagle3", tmp_path) + switches[:2])
+    assert eagle3.loss.normalizer == "sequence"
 
 
 @pytest.mark.parametrize(

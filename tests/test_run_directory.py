@@ -68,8 +68,23 @@ def test_resume_refuses_a_run_of_another_identity(tiny_world, tmp_path) -> None:
 def test_identity_covers_model_and_data_not_schedule_or_cadence(tiny_world, tmp_path) -> None:
     fields = identity_fields(_cfg(tiny_world, tmp_path))
     assert {"drafter.num_layers", "target.layer_ids", "data.train", "anchors.num_per_sequence", "run.seed"} <= set(fields)
-    assert not {k for k in fields if k.startswith(("logging.", "topology.", "stream.", "loss."))}
+    assert {"drafter.markov_head_type", "drafter.markov_init", "drafter.confidence_gradient", "loss.distance",
+            "loss.normalizer"} <= set(fields)
+    assert not {k for k in fields if k.startswith(("logging.", "topology.", "stream."))}
+    assert not {"loss.alpha_ce", "loss.alpha_tv", "loss.gamma_decay", "loss.chunk_size"} & set(fields)
     assert not {"train.checkpoint_every", "train.stop_at_step", "train.max_steps", "train.lr"} & set(fields)
+
+
+def test_an_identity_recorded_before_a_field_existed_reads_it_as_its_default(tiny_world, tmp_path) -> None:
+    claim_output_dir(_cfg(tiny_world, tmp_path))
+    (tmp_path / "run" / "checkpoints" / "step_00000010").mkdir(parents=True)
+    path = tmp_path / "run" / IDENTITY_FILE
+    record = json.loads(path.read_text())
+    record["fields"] = {k: v for k, v in record["fields"].items() if k not in ("loss.normalizer", "drafter.markov_init")}
+    path.write_text(json.dumps(record))
+    assert output_dir_problems(_cfg(tiny_world, tmp_path, "train.resume=auto")) == []
+    (problem,) = output_dir_problems(_cfg(tiny_world, tmp_path, "train.resume=auto", "loss.normalizer=sequence"))
+    assert "loss.normalizer: 'token' there, 'sequence' here" in problem
 
 
 def test_a_start_that_failed_before_training_leaves_no_run(tiny_world, tmp_path) -> None:

@@ -20,7 +20,11 @@ For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}
   DSpark confidences) on a validation batch of real target features equal the trained module's (at the export's
   bf16 weights);
 - ``engine_rules.check_export_dir`` passes for every engine that serves the layout, and what each engine captures
-  is the trained taps and the same as at the real shapes (``production_plans``, drafters on the meta device).
+  is the trained taps and the same as at the real shapes (``production_plans``, drafters on the meta device);
+- DSpark with the gated and the RNN Markov head (SGLang's ``markov_head_type``; the RNN run also with the other
+  training parity switches: L1 distance, per-sequence normaliser, normal Markov init, joint confidence gradient)
+  trains colocated on the Qwen3-4B copy, exports, reloads equal, is served by SGLang as trained and refused for
+  vLLM, whose DSpark model has only the vanilla head.
 
 What the tier cannot reach, and why:
 
@@ -49,7 +53,7 @@ from transformers import AutoConfig, AutoTokenizer
 from deepspec_train.cli import main as deepspec
 from deepspec_train.config.loader import config_to_dict, load_recipe
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.export.engine_rules import ENGINES, check_export_dir
+from deepspec_train.export.engine_rules import ENGINES, EngineRuleError, check_export_dir
 from deepspec_train.export.layouts import layout_of_config
 from deepspec_train.export.loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
@@ -292,3 +296,43 @@ def test_streamed_run_matches_colocated(recipe: str, colocated_runs, streamed_la
     _drop_final_checkpoint(streamed)
     # Both runs and the export passed every check: free the recipe's ~1 GB of DSpark drafter files.
     shutil.rmtree(streamed.parent)
+
+
+PARITY_SWITCHES = {"loss.distance": "l1", "loss.normalizer": "sequence", "drafter.markov_init": "normal",
+                   "drafter.confidence_gradient": "joint"}
+
+
+@pytest.mark.parametrize("head_type", ["gated", "rnn"])
+def test_sequential_markov_heads_export_for_sglang_only(head_type: str, scale_root: Path, scale_worlds: dict,
+                                                        capsys) -> None:
+    recipe = "qwen3-4b"
+    world = scale_worlds[SCALE_TIER[recipe]]
+    run_dir = scale_root / "runs" / f"{recipe}-{head_type}"
+    extra = {"drafter.markov_head_type": head_type, "topology.target_workers": 0, "topology.target_tp": 1,
+             "data.cache_dir": f"{world['cache']}-colocated", **(PARITY_SWITCHES if head_type == "rnn" else {})}
+    cfg = load_recipe(recipe, scale_overrides(world, run_dir / "colocated", **extra))
+    assert run_training(cfg).steps == 2
+    trained_dir = Path(cfg.run.output_dir)
+    _drop_final_checkpoint(trained_dir)
+    export_dir = run_dir / "export"
+    argv = ["export", "--drafter", str(trained_dir / "drafter"), "--target", cfg.target.path, "--out", str(export_dir)]
+    assert deepspec(argv) == 0
+    printed = capsys.readouterr().out
+    assert "vllm: not served: vLLM's qwen3_dspark builds only the vanilla Markov head" in printed
+
+    config = json.loads((export_dir / "config.json").read_text())
+    assert config["markov_head_type"] == head_type
+    _check_export_fields(config, cfg)
+    trained = load_exported_drafter(trained_dir / "drafter", cfg.target.path).module.to(torch.bfloat16).float()
+    reloaded = load_exported_drafter(export_dir, cfg.target.path, dtype=torch.float32).module
+    assert reloaded.markov_head.head_type == head_type
+    batch = _validation_batch(cfg)
+    expected, got = drafter_outputs(trained, batch), drafter_outputs(reloaded, batch)
+    assert expected.keys() == got.keys() and all(torch.equal(expected[name], got[name]) for name in expected)
+
+    readings = {r.engine: r for r in check_export_dir(export_dir, cfg.target.path)}
+    assert readings["sglang"].unserved is None and readings["sglang"].captured_layers == cfg.target.layer_ids
+    assert "serve it with SGLang" in readings["vllm"].unserved
+    with pytest.raises(EngineRuleError, match=f"vllm: does not serve this export: .*a {head_type} head"):
+        check_export_dir(export_dir, cfg.target.path, engines=["vllm"])
+    shutil.rmtree(run_dir)

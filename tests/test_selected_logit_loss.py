@@ -122,6 +122,64 @@ def test_alphas_and_normalizer() -> None:
     assert_matches(*run_both(problem, alpha_ce=0.3, alpha_tv=0.5, alpha_conf=2.0, normalizer=123.0))
 
 
+@pytest.mark.parametrize("case", ["plain", "markov_confidence", "draft_vocab", "draft_vocab_trainable_head"])
+def test_l1_distance_matches_brute_force(case: str) -> None:
+    assert_matches(*run_both(make_problem(**CASES[case], seed=11), distance="l1"))
+
+
+def test_l1_is_twice_tv_in_loss_and_gradient() -> None:
+    """With only the distance term, L1 gives exactly twice TV's loss and gradients (its diagnostics stay TV)."""
+    problem = make_problem(markov=True, draft_vocab=True, seed=12)
+    outs, grads = {}, {}
+    for distance in ("tv", "l1"):
+        inputs = fresh(problem)
+        outs[distance] = selected_logit_loss(**inputs, alpha_ce=0.0, distance=distance, chunk_size=4)
+        outs[distance].loss.backward()
+        grads[distance] = grads_of(inputs)
+    torch.testing.assert_close(outs["l1"].loss, 2 * outs["tv"].loss)
+    torch.testing.assert_close(outs["l1"].tv_sum, outs["tv"].tv_sum)
+    for name, grad in grads["tv"].items():
+        torch.testing.assert_close(grads["l1"][name], 2 * grad)
+
+
+@pytest.mark.parametrize("distance", ["tv", "l1"])
+def test_per_row_normalizer_matches_brute_force(distance: str) -> None:
+    problem = make_problem(markov=True, conf=True, trainable_head=True, seed=13)
+    g = torch.Generator().manual_seed(0)
+    per_row = torch.rand(N, generator=g, dtype=torch.float64) * 20 + 0.5
+    assert_matches(*run_both(problem, normalizer=per_row, distance=distance))
+
+
+def test_constant_per_row_normalizer_equals_scalar() -> None:
+    problem = make_problem(markov=True, conf=True, seed=14)
+    scalar = selected_logit_loss(**fresh(problem), normalizer=7.5, chunk_size=4)
+    rows = selected_logit_loss(**fresh(problem), normalizer=torch.full((N,), 7.5, dtype=torch.float64), chunk_size=4)
+    torch.testing.assert_close(rows.loss, scalar.loss)
+
+
+def test_joint_confidence_gradient_reaches_the_features() -> None:
+    """Confidence logits computed from the drafter's states (the joint switch): the chained gradients of the
+    states and of the head's weights equal autograd through the brute-force reference."""
+    problem = make_problem(markov=True, trainable_head=True, seed=15)
+    g = torch.Generator().manual_seed(1)
+    head_w = torch.randn(D + R, generator=g, dtype=torch.float64)
+    head_b = torch.randn((), generator=g, dtype=torch.float64)
+    results = []
+    for loss_fn in (selected_logit_loss, reference_loss):
+        inputs = fresh(problem)
+        w, b = head_w.clone().requires_grad_(), head_b.clone().requires_grad_()
+        conf = torch.cat([inputs["draft_hidden"], inputs["markov_rows"]], dim=-1) @ w + b
+        kwargs = {"chunk_size": 3} if loss_fn is selected_logit_loss else {}
+        out = loss_fn(**inputs, conf_logits=conf, distance="l1", **kwargs)
+        (out.loss if loss_fn is selected_logit_loss else out["loss"]).backward()
+        results.append((inputs, w.grad, b.grad))
+    (mine_in, mine_w, mine_b), (ref_in, ref_w, ref_b) = results
+    for name in ("draft_hidden", "markov_rows", "markov_w2", "draft_head_weight"):
+        torch.testing.assert_close(mine_in[name].grad, ref_in[name].grad, rtol=1e-5, atol=1e-9, check_dtype=False)
+    torch.testing.assert_close(mine_w, ref_w, rtol=1e-5, atol=1e-9)
+    torch.testing.assert_close(mine_b, ref_b, rtol=1e-5, atol=1e-9)
+
+
 def test_frozen_head_gets_no_gradient_trainable_head_does() -> None:
     frozen = fresh(make_problem(markov=True))
     selected_logit_loss(**frozen, chunk_size=3).loss.backward()
@@ -267,3 +325,9 @@ def test_rejects_bad_inputs() -> None:
         selected_logit_loss(**problem, markov_rows=torch.zeros(N, R, dtype=torch.float64))
     with pytest.raises(ValueError, match="labels"):
         selected_logit_loss(**dict(problem, labels=problem["labels"] + V))
+    with pytest.raises(ValueError, match="distance"):
+        selected_logit_loss(**problem, distance="l2")
+    with pytest.raises(ValueError, match="per-row normalizer"):
+        selected_logit_loss(**problem, normalizer=torch.ones(N + 1))
+    with pytest.raises(ValueError, match="positive"):
+        selected_logit_loss(**problem, normalizer=torch.zeros(N))

@@ -46,15 +46,18 @@ def test_accelerate_launch_one_target_one_drafter(streaming_world, tmp_path) -> 
     assert all(0.0 <= r["stream/target_wait_frac"] <= 1.0 and r["stream/wire_bytes_per_supervised_token"] > 0 for r in stream)
 
 
-def test_three_drafters_with_uneven_shares_train_the_single_process_losses(streaming_world, tmp_path) -> None:
+@pytest.mark.parametrize("normalizer", ["token", "sequence"])
+def test_three_drafters_with_uneven_shares_train_the_single_process_losses(streaming_world, tmp_path, normalizer) -> None:
     """1 target feeds 3 drafters 4 sequences per step (shares 2, 1, 1): the loss is normalised over the supervised
-    slots of all drafters, so every step's loss is the one process's on all 4 (up to the order of the sums).
-    Validation runs too. Regression: with several drafters, a drafter's step outline queued behind another
-    drafter's micro-batches would deadlock against the all-reduce of the step's supervised count."""
+    slots of all drafters (or, per sequence, by each sequence's weight from the outlines' slot counts), so every
+    step's loss is the one process's on all 4 (up to the order of the sums). Validation runs too. Regression: with
+    several drafters, a drafter's step outline queued behind another drafter's micro-batches would deadlock
+    against the all-reduce of the step's supervised count."""
     streamed, single = tmp_path / "streamed", tmp_path / "single"
-    args = recipe_overrides(streaming_world, streamed, **{"topology.target_workers": 1, "train.eval_every": 2})
+    settings = {"train.eval_every": 2, "loss.normalizer": normalizer}
+    args = recipe_overrides(streaming_world, streamed, **{"topology.target_workers": 1, **settings})
     run_ranks(args, world_size=4, log_dir=tmp_path / "logs", timeout=240)
-    overrides = recipe_overrides(streaming_world, single, **{"topology.target_workers": 0, "train.eval_every": 2})
+    overrides = recipe_overrides(streaming_world, single, **{"topology.target_workers": 0, **settings})
     run_training(load_recipe(overrides[0].split("=", 1)[1], overrides[1:]))
     expected, got = step_losses(single), step_losses(streamed)
     assert sorted(got) == sorted(expected) == [1, 2, 3, 4]

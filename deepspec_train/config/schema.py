@@ -51,7 +51,18 @@ class DrafterConfig:
     num_layers: int = 5
     block_size: int = 7
     markov_rank: int = 256
+    # The Markov head's form (DeepSpec / SGLang ``markov_head_type``): "vanilla" adds ``W2 W1[x_prev]``; "gated"
+    # adds ``W2 (sigmoid(G [h_k ; W1[x_prev]] + b) * W1[x_prev])``; "rnn" carries a GRU-like state through the
+    # block, ``s_k = g * s_{k-1} + (1 - g) * tanh(c)`` with ``[g; c; o] = J [s_{k-1} ; W1[x_prev] ; h_k] + b``, and
+    # adds ``W2 tanh(o)``. vLLM serves only "vanilla"; SGLang serves all three.
+    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    # Start of ``markov_w2``: "zero" (the bias starts at nothing, DFlash's behaviour at step 0) or "normal"
+    # (normal(0, 0.02) like every other weight, DeepSpec's init).
+    markov_init: Literal["zero", "normal"] = "zero"
     confidence_head: bool = True
+    # Whether the confidence BCE trains the features it reads: "detached" (only the head's own weights learn) or
+    # "joint" (its gradient also reaches the backbone and the Markov rows, as in DeepSpec).
+    confidence_gradient: Literal["detached", "joint"] = "detached"
     # Which label convention the drafter is trained with: "dspark" (slot k predicts x_{a+k+1}) or "zlab"
     # (DFlash's own: slot j >= 1 predicts x_{a+j}; only for a DFlash exported in the z-lab layout).
     labels: Literal["dspark", "zlab"] = "dspark"
@@ -78,6 +89,14 @@ class LossConfig:
     alpha_conf: float = 1.0
     gamma_decay: float = 4.0
     temperature: float = 1.0
+    # The distribution term: "tv" = 0.5 * sum |p_d - p_t| (= 1 - c*) or "l1" = sum |p_d - p_t| (DeepSpec's, twice
+    # TV: the same alpha_tv then weighs it twice as much against CE).
+    distance: Literal["tv", "l1"] = "tv"
+    # What each step's loss is divided by: "token" = the supervised slots of the step (every slot weighs the same)
+    # or "sequence" = for each slot, the summed position weights of its own sequence times the step's sequence
+    # count (every sequence weighs the same; DeepSpec's rule, which it applies per micro-step of one sequence per
+    # rank). Both are independent of micro-batching, accumulation and the number of drafter ranks.
+    normalizer: Literal["token", "sequence"] = "token"
     # Supervised positions per chunk of the selected-logit loss.
     chunk_size: int = 1024
 
@@ -132,6 +151,9 @@ class LoggingConfig:
     wandb: bool = True
     wandb_project: str = "deepspec_train"
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    # W&B group the run joins (None: the target's directory name), so a drafter and its baselines for one
+    # target sit side by side; runs are also tagged with the drafter kind, the target and the recipe (run.name).
+    wandb_group: Optional[str] = None
     log_every: int = 10
     progress: bool = True
 

@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
-from deepspec_train.evaluation.speculative_decoder import RoundRecord, SpeculativeDecoder
+from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
 from deepspec_train.export.loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, write_traces
@@ -48,17 +48,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
-def trace_round(record: RoundRecord, suite: str, category: str, prompt_id: str) -> TraceRound:
-    """The trace line of one decoder round of prompt ``prompt_id`` of ``suite``."""
-    return TraceRound(
-        suite=suite, category=category, prompt_id=prompt_id, turn=record.turn, round=record.round,
-        drafted=record.drafted, accepted=record.accepted, emitted=record.emitted,
-        confidence_logits=None if record.confidence_logits is None else tuple(record.confidence_logits),
-        confidences=None if record.confidences is None else tuple(record.confidences),
-        target_accept_probs=tuple(record.target_accept_probs),
-    )
-
-
 def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_tokens: int, progress: bool = True):
     """Decode every prompt of every suite; returns (trace rows, per-conversation stats)."""
     traces: list[TraceRound] = []
@@ -70,7 +59,7 @@ def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_to
                 turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
                 for turn in turns:
                     for record in turn.rounds:
-                        traces.append(trace_round(record, suite.name, prompt.category, prompt.id))
+                        traces.append(record.trace(suite.name, prompt.category, prompt.id))
                 stats.append(
                     ConversationStats(
                         suite=suite.name,

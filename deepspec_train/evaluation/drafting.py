@@ -8,28 +8,35 @@ the decoder uses ``R = 1``; the losslessness test drafts thousands of rows at on
 
 - DSpark / DFlash (``ParallelBlockDrafter``): the backbone runs once over ``[x_a, MASK, ...]`` (once per distinct
   anchor); then slots are sampled left to right, slot ``k``'s logits being the backbone logits plus the Markov
-  bias ``W1[prev] @ W2`` of the token sampled for the slot before (``prev_0 = x_a``). The confidence logit of
-  slot ``k`` uses the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
+  bias ``W2 u_k`` computed from the token sampled for the slot before (``prev_0 = x_a``): ``u_k = W1[prev]``
+  for the vanilla head, gated by the slot state for the gated head, the recurrent state's output for the RNN
+  head (which carries its state from slot to slot). The confidence logit of slot ``k`` reads ``W1[prev]`` with
+  the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
   (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``.
 - EAGLE-3 (``Eagle3BlockDrafter``): autoregressive; step ``k`` consumes the token sampled at step ``k-1``. Its
   draft vocabulary is mapped back to target ids through ``d2t``, and ``q`` is zero outside the draft vocabulary.
 
-The drafter's context keys/values are recomputed from all features on every call: ``O(context)`` work per
-round, which is cheap for the tiny world; EAGLE-3 also re-runs its earlier steps (``O(K^2)`` steps per block)
-to reuse the module's own unroll instead of a second implementation of the step.
+What a round costs is what a serving engine would spend, for both kinds:
+
+- EAGLE-3 steps through a KV cache (``Eagle3Drafter.start_draft``): ``K`` drafts cost ``K`` one-position passes of
+  its layer, not the ``O(K^2)`` of re-running earlier steps;
+- context keys / values are kept across the rounds of a conversation when the context carries a ``cache`` (the
+  decoder's sessions do): each round projects only the rows its context gained (the accepted tokens), through
+  every layer of a parallel drafter, through the one layer of EAGLE-3;
+- a parallel drafter's block pass is one pass of its ``N`` layers over the block (``decode_states``: the
+  training mask for one sequence at one anchor, so no mask is needed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import torch
 
 from deepspec_train.evaluation.spec_sampling import probs_from_logits
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.parallel_drafter import ParallelDrafter
-from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 
 EAGLE_ROWS_PER_CALL = 128
 
@@ -37,14 +44,44 @@ EAGLE_ROWS_PER_CALL = 128
 @dataclass
 class DraftContext:
     """Target context of one sequence: ``features [a, F]`` (tapped layers at positions ``0..a-1``) and
-    ``tokens [a]`` (the tokens at those positions). The anchor sits at position ``a``."""
+    ``tokens [a]`` (the tokens at those positions). The anchor sits at position ``a``.
+
+    ``cache``, when given, is a dict owned by one conversation whose context only grows (the decoder's
+    ``TargetSession``): drafters keep the projected context keys / values of earlier rounds there and project
+    only the rows added since."""
 
     features: torch.Tensor
     tokens: torch.Tensor
+    cache: Optional[dict] = None
 
     @property
     def anchor_position(self) -> int:
         return int(self.tokens.shape[0])
+
+
+ProjectRows = Callable[[int, int], list[tuple[torch.Tensor, torch.Tensor]]]
+
+
+def context_kv(
+    context: DraftContext, owner: object, total: int, project: ProjectRows, cacheable: bool = True
+) -> list[tuple[torch.Tensor, ...]]:
+    """Keys / values ``[1, G, total, h]`` (one pair per layer) of the first ``total`` context items, from
+    ``project(start, end)`` -- only for the items not in ``context.cache`` yet (all of them when not
+    ``cacheable``: keys that depend on the round, as with dynamic RoPE scaling)."""
+    if context.cache is None or not cacheable:
+        return project(0, total)
+    store = context.cache.setdefault(id(owner), {"rows": 0, "kv": None, "tokens": context.tokens[:0]})
+    done = store["rows"]
+    if done > total or not torch.equal(store["tokens"], context.tokens[: store["tokens"].numel()]):
+        raise ValueError("the context cache belongs to another conversation: its context does not extend this one")
+    if done < total:
+        new = project(done, total)
+        old = store["kv"]
+        store["kv"] = new if old is None else [
+            (torch.cat([k0, k1], dim=2), torch.cat([v0, v1], dim=2)) for (k0, v0), (k1, v1) in zip(old, new)
+        ]
+        store["rows"], store["tokens"] = total, context.tokens.clone()
+    return store["kv"]
 
 
 @dataclass
@@ -87,28 +124,6 @@ def sample_tokens(probs: torch.Tensor, temperature: float, generator: Optional[t
     return index.squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
-def _anchor_batch(context: DraftContext, anchors: torch.Tensor, width: int, fill_token: int) -> PackedBatch:
-    """A packed batch of ``len(anchors)`` blocks of one sequence, all anchored at ``context.anchor_position``."""
-    device = context.features.device
-    num_ctx, num_blocks = context.anchor_position, int(anchors.shape[0])
-    block_input = torch.full((num_blocks, width), fill_token, dtype=torch.long, device=device)
-    block_input[:, 0] = anchors
-    zeros = torch.zeros(num_blocks, dtype=torch.long, device=device)
-    return PackedBatch(
-        ctx_features=context.features,
-        ctx_tokens=context.tokens.to(device=device, dtype=torch.long),
-        ctx_seq=torch.zeros(num_ctx, dtype=torch.long, device=device),
-        ctx_pos=torch.arange(num_ctx, device=device),
-        block_input=block_input,
-        block_seq=zeros,
-        block_anchor=zeros + num_ctx,
-        block_prev=block_input.clone(),
-        labels=torch.full_like(block_input, IGNORE_INDEX),
-        target_hidden=context.features.new_zeros(0, context.features.shape[-1]),
-        sample_ids=torch.zeros(1, dtype=torch.long, device=device),
-    )
-
-
 class ParallelBlockDrafter:
     """DSpark / DFlash drafting: one backbone pass, then sequential Markov sampling (see the module docstring)."""
 
@@ -132,29 +147,48 @@ class ParallelBlockDrafter:
         if not 1 <= num_tokens <= self.max_block_size:
             raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
         module = self.module
+        positions = torch.arange(context.anchor_position, device=context.features.device)
+        # Dynamic RoPE scaling rotates every key for this round's length (a + B): nothing is kept across rounds.
+        dynamic = module.rotary.dynamic
+        seq_len = context.anchor_position + module.block_size if dynamic else 0
+        kv = context_kv(context, module, context.anchor_position,
+                        lambda s, e: module.context_kv(context.features[s:e], positions[s:e], seq_len),
+                        cacheable=not dynamic)
         # Rows with the same anchor share the backbone pass: only the Markov sampling differs between them.
-        anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True)
-        batch = _anchor_batch(context, anchors, module.block_size, module.mask_token_id)
-        hidden = module.backbone(batch)[row_anchor]
+        many = anchor_tokens.numel() > 1
+        anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True) if many else (anchor_tokens, None)
+        block_input = torch.full((anchors.numel(), module.block_size), module.mask_token_id, dtype=torch.long,
+                                 device=anchors.device)
+        block_input[:, 0] = anchors
+        hidden = module.decode_states(block_input, context.anchor_position, kv)
+        if many:
+            hidden = hidden[row_anchor]
+        hidden = hidden[:, self.slot_offset : self.slot_offset + num_tokens]
+        # The backbone logits of every slot in one product; only the Markov bias waits for the sampled tokens.
+        base_logits = module.lm_head(hidden)
+        head = module.markov_head
+        state = projection = None
+        if head is not None:
+            state, projection = head.initial_state(hidden[:, 0]), head.hidden_projection(hidden)
         prev = anchor_tokens.clone()
-        tokens, probs, conf = [], [], []
+        tokens, probs = [], []
         for k in range(num_tokens):
-            slot_hidden = hidden[:, k + self.slot_offset]
-            logits = module.lm_head(slot_hidden)
-            rows = module.markov_rows(prev)
-            if rows is not None:
-                logits = logits + module.markov_bias(rows)
-            if module.confidence_head is not None:
-                conf.append(module.confidence_logits(slot_hidden, rows).float())
+            logits = base_logits[:, k]
+            if head is not None:
+                latent, state = head.step(prev, None if projection is None else projection[:, k], state)
+                # The bias accumulated into the slot's logits in one product.
+                logits = torch.addmm(logits, latent, head.markov_w2.weight.T)
             q = probs_from_logits(logits, temperature)
             prev = sample_tokens(q, temperature, generator)
             tokens.append(prev)
             probs.append(q)
-        return DraftBlock(
-            tokens=torch.stack(tokens, dim=1),
-            probs=torch.stack(probs, dim=1),
-            confidence_logits=torch.stack(conf, dim=1) if conf else None,
-        )
+        drafted = torch.stack(tokens, dim=1)
+        conf = None
+        if module.confidence_head is not None:
+            # Slot k's confidence reads W1 of the token before it (the anchor, then the drafts), as in SGLang.
+            prev_tokens = torch.cat([anchor_tokens[:, None], drafted[:, :-1]], dim=1)
+            conf = module.confidence_logits(hidden, module.markov_rows(prev_tokens)).float()
+        return DraftBlock(tokens=drafted, probs=torch.stack(probs, dim=1), confidence_logits=conf)
 
 
 class Eagle3BlockDrafter:
@@ -196,18 +230,24 @@ class Eagle3BlockDrafter:
         module = self.module
         vocab = module.t2d.shape[0]
         target_ids = module.draft_vocab.target_ids()
-        # block_prev column k is step k's input token: the anchor, then each sampled draft in turn.
-        batch = _anchor_batch(context, anchor_tokens, num_tokens, fill_token=0)
+        # Context entries t = 1..a-1 pair token x_t with feature g_{t-1}; entry i is t = i + 1.
+        a = context.anchor_position
+        positions = torch.arange(1, a, device=context.features.device)
+        # Dynamic RoPE scaling rotates every key for this round's length (a + K): nothing is kept across rounds.
+        dynamic = module.rotary.dynamic
+        seq_len = a + num_tokens if dynamic else 0
+        (kv,) = context_kv(context, module, a - 1, lambda s, e: [module.entry_kv(
+            context.tokens[s + 1 : e + 1], context.features[s:e], positions[s:e], seq_len)], cacheable=not dynamic)
+        steps = module.start_draft(kv, context.features[a - 1], len(anchor_tokens), a, seq_len)
+        token = anchor_tokens
         tokens, probs = [], []
-        for k in range(num_tokens):
-            # Step k only depends on steps 0..k, so unrolling k+1 steps yields exactly the autoregressive state.
-            hidden = module.unroll(batch, k + 1)[:, k]
+        for _ in range(num_tokens):
+            # Each step consumes the token sampled at the step before (the anchor first), on top of the KV cache.
+            hidden = steps.step(token)
             q_draft = probs_from_logits(module.lm_head(module.norm(hidden)), temperature)
             token = module.draft_vocab.draft_to_target(sample_tokens(q_draft, temperature, generator))
             q = q_draft.new_zeros(q_draft.shape[0], vocab)
             q[:, target_ids] = q_draft
-            if k + 1 < num_tokens:
-                batch.block_prev[:, k + 1] = token
             tokens.append(token)
             probs.append(q)
         return DraftBlock(tokens=torch.stack(tokens, dim=1), probs=torch.stack(probs, dim=1), confidence_logits=None)

@@ -10,7 +10,8 @@ and wall time). Definitions:
   the first ``k-1``, the fraction that accepted draft ``k`` (``None`` when no round reached position ``k``);
 - ``mean_confidence[k-1]``: the mean calibrated confidence ``c_k`` over the same rounds, so it sits next to the
   realised ``conditional_acceptance[k-1]`` (absent without a confidence head);
-- ``tokens_per_s`` = new tokens / decoding seconds, summed over conversations.
+- ``tokens_per_s`` = new tokens / decoding seconds, summed over conversations;
+- ``draft_ms_per_round`` = the drafter's mean wall time per round (``draft_seconds`` of the traces), in ms.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ def summarize(rounds: Sequence[TraceRound], conversations: list[ConversationStat
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "conditional_acceptance": conditional_acceptance(rounds, block_size),
     }
+    timed = [r.draft_seconds for r in rounds if r.draft_seconds is not None]
+    if timed:
+        summary["draft_ms_per_round"] = 1e3 * sum(timed) / len(timed)
     confidence = mean_confidence(rounds, block_size)
     if confidence is not None:
         summary["mean_confidence"] = confidence

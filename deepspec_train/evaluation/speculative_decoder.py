@@ -35,6 +35,7 @@ from deepspec_train.evaluation.spec_sampling import (
     verify_blocks,
     verify_blocks_greedy,
 )
+from deepspec_train.formats.eval_traces import TraceRound
 from deepspec_train.target.hidden_states import decoder_of
 
 TURN_END_TOKEN = "<|im_end|>"
@@ -56,6 +57,28 @@ class RoundRecord:
     confidence_logits: Optional[list[float]]
     confidences: Optional[list[float]]
     target_accept_probs: list[float]
+    # c*_k given the drafted prefix (see ``verify_drafts``): the best any confidence head can know before d_k.
+    analytic_accept: list[float] = field(default_factory=list)
+    # Wall time of the drafter's call for this round (the draft alone, not the verification), and the CPU time of
+    # the calling thread during it: with one torch thread, the draft's own compute, which time spent descheduled
+    # on a shared machine does not inflate.
+    draft_seconds: float = 0.0
+    draft_cpu_seconds: float = 0.0
+
+    def trace(self, suite: str, category: str, prompt_id: str, seed: Optional[int] = None) -> TraceRound:
+        """This round's trace line, for prompt ``prompt_id`` of ``suite`` (decoded with sampling seed ``seed``,
+        when a caller pools several)."""
+        return TraceRound(
+            suite=suite, category=category, prompt_id=prompt_id, turn=self.turn, round=self.round,
+            drafted=self.drafted, accepted=self.accepted, emitted=self.emitted,
+            confidence_logits=None if self.confidence_logits is None else tuple(self.confidence_logits),
+            confidences=None if self.confidences is None else tuple(self.confidences),
+            target_accept_probs=tuple(self.target_accept_probs),
+            analytic_accept=tuple(self.analytic_accept),
+            draft_seconds=self.draft_seconds,
+            draft_cpu_seconds=self.draft_cpu_seconds,
+            seed=seed,
+        )
 
 
 @dataclass
@@ -86,16 +109,19 @@ def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -
 
 def verify_drafts(
     draft: DraftBlock, target_logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator] = None
-) -> tuple[VerifyResult, torch.Tensor]:
+) -> tuple[VerifyResult, torch.Tensor, torch.Tensor]:
     """Verify ``R`` drafted blocks against ``target_logits [R, K+1, V]`` at ``temperature`` (0 = greedy).
 
-    Returns the verification result and ``min(1, p_k(d_k) / q_k(d_k))`` per drafted token (``[R, K]``).
+    Returns the verification result, ``min(1, p_k(d_k) / q_k(d_k))`` per drafted token (``[R, K]``) and the
+    analytic acceptance ``c*_k = sum_j min(p_k[j], q_k[j])`` of each position given the drafted prefix
+    (``[R, K]``): the probability that draft ``k`` is accepted once ``d_1..d_{k-1}`` were, before ``d_k`` is drawn.
     """
     p = probs_from_logits(target_logits, temperature)
     ratios = acceptance_probs(draft.tokens, draft.probs, p)
+    c_star = torch.minimum(p[:, :-1].double(), draft.probs.double()).sum(dim=-1)
     if temperature <= 0:
-        return verify_blocks_greedy(draft.tokens, target_logits), ratios
-    return verify_blocks(draft.tokens, draft.probs, p, generator), ratios
+        return verify_blocks_greedy(draft.tokens, target_logits), ratios, c_star
+    return verify_blocks(draft.tokens, draft.probs, p, generator), ratios, c_star
 
 
 class TargetSession:
@@ -115,6 +141,8 @@ class TargetSession:
         self.cache = DynamicCache(config=model.config)
         self.tokens: list[int] = []
         self.features: Optional[torch.Tensor] = None
+        # Drafters keep this conversation's projected context keys / values here (see DraftContext.cache).
+        self.drafter_cache: dict = {}
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
 
     @property
@@ -129,7 +157,8 @@ class TargetSession:
         """Features and tokens of the processed positions (everything before the anchor)."""
         if self.features is None:
             raise RuntimeError("no processed positions yet: extend the session with at least two tokens")
-        return DraftContext(self.features, torch.tensor(self.tokens[: self.processed], device=self.device))
+        tokens = torch.tensor(self.tokens[: self.processed], device=self.device)
+        return DraftContext(self.features, tokens, cache=self.drafter_cache)
 
     @contextmanager
     def _tapped(self) -> Iterator[dict[int, torch.Tensor]]:
@@ -213,9 +242,12 @@ class SpeculativeDecoder:
 
     def _round(self, session: TargetSession, turn: int, index: int) -> tuple[list[int], RoundRecord]:
         anchor = torch.tensor([session.tokens[-1]], device=session.device)
-        draft = self.drafter.draft(session.context(), anchor, self.block_size, self.temperature, self.generator)
+        context = session.context()
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        draft = self.drafter.draft(context, anchor, self.block_size, self.temperature, self.generator)
+        draft_seconds, draft_cpu_seconds = time.perf_counter() - start, time.thread_time() - start_cpu
         logits = session.verify_logits(draft.tokens[0].tolist())
-        result, ratios = verify_drafts(draft, logits[None], self.temperature, self.generator)
+        result, ratios, c_star = verify_drafts(draft, logits[None], self.temperature, self.generator)
         accepted = int(result.accepted[0])
         emitted = result.tokens[0, : accepted + 1].tolist()
         conf_logits = confidences = None
@@ -231,6 +263,9 @@ class SpeculativeDecoder:
             confidence_logits=conf_logits,
             confidences=confidences,
             target_accept_probs=ratios[0].tolist(),
+            analytic_accept=c_star[0].tolist(),
+            draft_seconds=draft_seconds,
+            draft_cpu_seconds=draft_cpu_seconds,
         )
         return emitted, record
 

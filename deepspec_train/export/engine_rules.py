@@ -18,9 +18,10 @@ Facts, from the engines' code:
   only ``eagle_config.eagle_aux_hidden_state_layer_ids``, + 1 for Qwen3 / Qwen2 / Llama targets, + 1 only when
   the first id is 1 for DeepSeek-V2/V3 and GLM-4 MoE lite targets. Without ids both engines capture the
   hidden-state indices ``[2, L//2, L-3]`` for EAGLE-3.
-- vLLM reads ``markov_rank`` without a default; builds a ``d2t`` parameter only for a draft vocabulary smaller
-  than the target's (with a full one, a ``d2t`` tensor makes its loader raise "There is no module or parameter
-  named ..."); ignores ``t2d``; drops a confidence head whose tensors are missing; runs ``dflash`` layers
+- vLLM reads ``markov_rank`` without a default; reads no ``markov_head_type`` and builds only the vanilla
+  Markov head (``markov_w1`` / ``markov_w2``), so it does not serve a gated or RNN head; builds a ``d2t``
+  parameter only for a draft vocabulary smaller than the target's (with a full one, a ``d2t`` tensor makes its
+  loader raise "There is no module or parameter named ..."); ignores ``t2d``; drops a confidence head whose tensors are missing; runs ``dflash`` layers
   causally when ``is_causal`` / ``dflash_config.causal`` says so or a layer is ``sliding_attention``.
 - SGLang's DSPARK requires ``markov_rank > 0``, ``markov_head_type`` in vanilla / gated / rnn and a
   ``mask_token_id`` inside the vocabulary, and uses the target's embedding and LM head; its DFLASH path and
@@ -47,6 +48,7 @@ from deepspec_train.export.layouts import (
 
 ENGINES = ("vllm", "sglang")
 SGLANG_MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+VLLM_MARKOV_HEAD_TYPES = ("vanilla",)
 # Target architectures whose decoder-layer capture rule these rules state (the drafters here are Qwen3-only).
 # Qwen3-MoE captures like Qwen3 in both engines: vLLM's qwen3_moe.py keeps the state entering each listed layer,
 # SGLang's adds 1 to every DFlash / EAGLE-3 id before capturing "before layer id".
@@ -165,6 +167,11 @@ def _vllm_reading(layout: str, config: Mapping[str, Any], tensors: Mapping[str, 
         spec = {"method": "eagle3", "model": paths.export, "num_speculative_tokens": steps}
         reading.serve_commands.append(f"vllm serve {paths.target} --speculative-config {_spec_config(spec)}")
     else:
+        head_type = config.get("markov_head_type", "vanilla")
+        if layout == "dspark" and head_type not in VLLM_MARKOV_HEAD_TYPES:
+            reading.unserved = (f"vLLM's qwen3_dspark builds only the vanilla Markov head and ignores "
+                                f"markov_head_type; a {head_type} head's tensors would be refused: serve it with SGLang")
+            return reading
         reading.problems += _causal_problems(config)
         reading.problems += _draft_vocab_problems("vllm", config, tensors, target.vocab_size)
         if layout == "dspark":

@@ -40,7 +40,6 @@ from deepspec_train.export.engine_rules import check_engines
 from deepspec_train.export.export_readme import README_FILE, ZLAB_MODELING_FILE, export_readme, zlab_modeling_source
 from deepspec_train.export.layouts import (
     ARCHITECTURES,
-    MARKOV_HEAD_TYPE,
     OMITTED_TENSORS,
     LayoutError,
     layout_of_config,
@@ -129,7 +128,7 @@ def _layout_fields(
             # Our confidence head reads [h_k ; W1[x_prev]] whenever there is a Markov head.
             "confidence_head_with_markov": confidence and module.markov_rank > 0,
             "markov_rank": module.markov_rank,
-            "markov_head_type": MARKOV_HEAD_TYPE,
+            "markov_head_type": "vanilla" if module.markov_head is None else module.markov_head.head_type,
         }
         if temperatures is not None:
             fields["confidence_temperatures"] = [float(t) for t in temperatures]

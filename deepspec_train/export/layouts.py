@@ -3,8 +3,10 @@
 Three layouts, each the format a serving engine loads (vLLM 0.33, SGLang 0.5.23):
 
 - ``dspark``: DeepSpec's release layout (``Qwen3DSparkModel``), read by vLLM and SGLang. Also the layout of a
-  DFlash trained with DSpark labels (``markov_rank 0``, no confidence head). Our addition: an optional
-  ``confidence_temperatures`` list (one calibrated temperature per block position, written by
+  DFlash trained with DSpark labels (``markov_rank 0``, no confidence head). ``markov_head_type`` is
+  ``vanilla`` (both engines), ``gated`` (adds ``markov_head.gate_proj.{weight [r, d + r], bias [r]}``) or
+  ``rnn`` (adds ``markov_head.joint_proj.{weight [3r, 2r + d], bias [3r]}``); the last two only SGLang serves.
+  Our addition: an optional ``confidence_temperatures`` list (one calibrated temperature per block position, written by
   ``deepspec calibrate``; no engine reads it: SGLang takes temperatures from its STS file, absent means 1.0).
 - ``zlab-dflash``: z-lab's ``DFlashDraftModel``; only for a DFlash trained with z-lab labels.
 - ``eagle3``: SGLang's ``LlamaForCausalLMEagle3``; the draft-vocabulary maps ``d2t`` / ``t2d`` only for a
@@ -42,7 +44,8 @@ ARCHITECTURES = {
     "zlab-dflash": "DFlashDraftModel",
     "eagle3": "LlamaForCausalLMEagle3",
 }
-MARKOV_HEAD_TYPE = "vanilla"
+# DeepSpec's Markov head forms (``markov_head_type``); which engine serves which is ``export.engine_rules``'.
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 # Tensors of the drafter module that a layout does not store: the serving engine uses the target's own.
 OMITTED_TENSORS = {
     "dspark": (),
@@ -265,7 +268,11 @@ def _dspark(check: _ConfigCheck) -> dict[str, TensorSpec] | None:
     block_size = check.integer("block_size", 1)
     check.integer("num_anchors", 1)
     check.equals("tie_word_embeddings", False)
-    check.equals("markov_head_type", MARKOV_HEAD_TYPE)
+    head_type = check.config.get("markov_head_type")
+    if "markov_head_type" not in check.config:
+        check.problems.append("config field markov_head_type is missing")
+    elif head_type not in MARKOV_HEAD_TYPES:
+        check.problems.append(f"config field markov_head_type = {head_type!r} is not one of {list(MARKOV_HEAD_TYPES)}")
     if num_layers is not None:
         check.equals("layer_types", ["full_attention"] * num_layers)
     _mask_in_vocab(check, "mask_token_id", None if g is None else g.vocab)
@@ -283,6 +290,14 @@ def _dspark(check: _ConfigCheck) -> dict[str, TensorSpec] | None:
     if rank > 0:
         tensors["markov_head.markov_w1.weight"] = TensorSpec((g.vocab, rank), f)
         tensors["markov_head.markov_w2.weight"] = TensorSpec((g.vocab, rank), f)
+        if head_type == "gated":
+            tensors["markov_head.gate_proj.weight"] = TensorSpec((rank, g.d + rank), f)
+            tensors["markov_head.gate_proj.bias"] = TensorSpec((rank,), f)
+        elif head_type == "rnn":
+            tensors["markov_head.joint_proj.weight"] = TensorSpec((3 * rank, 2 * rank + g.d), f)
+            tensors["markov_head.joint_proj.bias"] = TensorSpec((3 * rank,), f)
+    elif head_type in MARKOV_HEAD_TYPES and head_type != "vanilla":
+        check.problems.append(f"markov_head_type {head_type} needs markov_rank > 0")
     if confidence:
         tensors["confidence_head.proj.weight"] = TensorSpec((1, g.d + (rank if with_markov else 0)), f)
         tensors["confidence_head.proj.bias"] = TensorSpec((1,), f)

@@ -225,6 +225,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
             kind=kind, num_layers=config["num_hidden_layers"],
             block_size=config["block_size"], markov_rank=rank, confidence_head=confidence, labels="dspark",
             mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
+            markov_head_type=config["markov_head_type"],
         )
         temperatures = config.get("confidence_temperatures")
         geometry = _export_geometry(config, config["num_target_layers"])

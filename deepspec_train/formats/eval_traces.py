@@ -5,7 +5,11 @@ quality benchmark.
 A line holds ``suite``, ``category``, ``prompt_id`` (which request it belongs to), ``turn`` and ``round`` (its place
 in that request), ``drafted`` K, ``accepted`` n (``0 <= n <= K``), ``emitted`` (n + 1: the accepted drafts and
 the correction or bonus token), ``confidence_logits`` / ``confidences`` (K values each, or null for a drafter
-without a confidence head) and ``target_accept_probs`` (the target's acceptance ratio of each draft).
+without a confidence head) and ``target_accept_probs`` (the target's acceptance ratio of each draft). Optional,
+null or absent in traces written before they existed: ``analytic_accept`` (K values, the analytic acceptance
+``c*_k = sum min(p_k, q_k)`` of each position given the drafted prefix), ``draft_seconds`` /
+``draft_cpu_seconds`` (wall time of the drafter's call for the round, and the calling thread's CPU time during
+it) and ``seed`` (the sampling seed, when a benchmark pools several).
 ``write_traces`` and ``read_traces`` are the only code that knows this layout; a malformed line fails reading
 with one line naming ``file:line``.
 """
@@ -36,10 +40,23 @@ class TraceRound:
     confidence_logits: Optional[tuple[float, ...]]
     confidences: Optional[tuple[float, ...]]
     target_accept_probs: tuple[float, ...]
+    analytic_accept: Optional[tuple[float, ...]] = None
+    draft_seconds: Optional[float] = None
+    draft_cpu_seconds: Optional[float] = None
+    seed: Optional[int] = None
 
     @property
     def request(self) -> tuple[str, str, int]:
         return (self.suite, self.prompt_id, self.turn)
+
+
+def _optional_number(value: Any, name: str, kind: type) -> Any:
+    if value is None:
+        return None
+    number = kind(value)
+    if number < 0:
+        raise ValueError(f"{name} = {value!r} is negative")
+    return number
 
 
 def _floats(value: Any, drafted: int, name: str, required: bool) -> Optional[tuple[float, ...]]:
@@ -70,6 +87,10 @@ def parse_round(row: dict) -> TraceRound:
         confidence_logits=_floats(row.get("confidence_logits"), drafted, "confidence_logits", False),
         confidences=_floats(row.get("confidences"), drafted, "confidences", False),
         target_accept_probs=_floats(row.get("target_accept_probs", []), drafted, "target_accept_probs", True),
+        analytic_accept=_floats(row.get("analytic_accept"), drafted, "analytic_accept", False),
+        draft_seconds=_optional_number(row.get("draft_seconds"), "draft_seconds", float),
+        draft_cpu_seconds=_optional_number(row.get("draft_cpu_seconds"), "draft_cpu_seconds", float),
+        seed=_optional_number(row.get("seed"), "seed", int),
     )
 
 

@@ -2,7 +2,7 @@
 
 A run writes ``run_identity.json`` into ``run.output_dir`` when it starts: the fields of the resolved recipe that
 change the model or the data (``IDENTITY_KEYS``: the drafter, its target and taps, the data files and their
-rendering, anchors, seed and how sequences are batched), a hash of them and of the whole resolved config, and the
+rendering, anchors, seed, how sequences are batched, and the loss's distance term and normaliser), a hash of them and of the whole resolved config, and the
 start time. Before anything loads, every rank checks the directory the same way (``output_dir_problems``,
 read-only, so all ranks reach the same verdict):
 
@@ -10,8 +10,8 @@ read-only, so all ranks reach the same verdict):
   trained drafter; an identity alone is a start that failed before its first step, and is replaced) is refused:
   ``train.resume=auto`` continues that run, ``run.overwrite=true`` starts over after moving the old run aside to
   ``<output_dir>.replaced-<time>`` (nothing is deleted);
-- ``train.resume=auto`` or a checkpoint path continues only a run whose identity fields equal this recipe's;
-  a difference (e.g. ``drafter.num_layers``) is refused with the fields and both values. Fields outside the
+- ``train.resume=auto`` or a checkpoint path continues only a run whose identity fields equal this recipe's (a
+  field the recorded identity predates counts as its default, so older runs still resume); a difference (e.g. ``drafter.num_layers``) is refused with the fields and both values. Fields outside the
   identity (optimisation schedule and step count, loss weights, logging, checkpoint and evaluation cadence,
   ``train.stop_at_step``, topology, engine) may change;
 - ``train.resume=auto`` into a directory whose run left no checkpoint is refused as well: there is nothing to
@@ -39,6 +39,7 @@ IDENTITY_FILE = "run_identity.json"
 IDENTITY_KEYS = (
     "drafter", "target.path", "target.layer_ids", "data.train", "data.validation", "data.max_length", "data.split",
     "data.enable_thinking", "anchors", "run.seed", "train.global_batch_sequences", "train.micro_batch_sequences",
+    "loss.distance", "loss.normalizer",
 )
 # What a directory holds once a run has trained in it (checkpoints are checked separately).
 RUN_MARKERS = ("metrics.jsonl", "summary.json", "drafter")
@@ -97,6 +98,8 @@ def _recorded_fields(run_dir: Path) -> Optional[dict[str, Any]]:
 
 def _identity_mismatch(recorded: dict[str, Any], cfg: RecipeConfig, run_dir: Path) -> list[str]:
     current = identity_fields(cfg)
+    # Identity fields added after the run started held their default value in that run.
+    recorded = identity_fields(RecipeConfig()) | recorded
     differences = [
         f"{key}: {recorded.get(key, '(unset)')!r} there, {current.get(key, '(unset)')!r} here"
         for key in sorted(set(recorded) | set(current))

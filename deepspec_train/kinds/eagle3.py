@@ -13,7 +13,9 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
-from deepspec_train.kinds.spec import DrafterKind, LossInputs, layer_stack_flops
+from deepspec_train.kinds.spec import (
+    CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
+)
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ NUM_FUSED_LAYERS = 3
 def _problems(cfg: RecipeConfig) -> list[str]:
     d = cfg.drafter
     defaults = {f.name: f.default for f in fields(DrafterConfig)}
-    problems = []
+    problems = unused_settings(d, MARKOV_SETTINGS + CONFIDENCE_SETTINGS)
     if d.num_layers != 1:
         problems.append(f"drafter.kind={NAME} has one decoder layer: drafter.num_layers must be 1, got {d.num_layers}")
     if d.ttt_steps != d.block_size:
@@ -121,8 +123,12 @@ def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch
     return {"embed_tokens.weight": embed}
 
 
+def _slot_weights(module: nn.Module, cfg: RecipeConfig) -> torch.Tensor:
+    return module.step_weights(cfg.drafter.block_size)
+
+
 def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
-    weights = module.step_weights(cfg.drafter.block_size).to(output.slot_index.device)[output.slot_index]
+    weights = _slot_weights(module, cfg).to(output.slot_index.device)[output.slot_index]
     vocab = module.draft_vocab
     draft_to_target = None if vocab.is_full else vocab.target_ids().to(output.slot_index.device)
     return LossInputs(weights, draft_to_target, None)
@@ -171,6 +177,7 @@ EAGLE3 = DrafterKind(
     build_from_state=_build_from_state,
     complete_state=_complete_state,
     frozen_head_state=_frozen_heads,
+    slot_weights=_slot_weights,
     loss_inputs=_loss_inputs,
     block_drafter=_block_drafter,
     sequential_passes=_sequential_passes,

@@ -9,11 +9,12 @@ exports in z-lab's own layout. Their loss weights slot ``k`` (0-based) by ``exp(
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
-from deepspec_train.kinds.spec import DrafterKind, LossInputs, layer_stack_flops
+from deepspec_train.kinds.spec import (
+    CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
+)
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:
@@ -27,18 +28,9 @@ if TYPE_CHECKING:
 _EAGLE3_ONLY = ("ttt_steps", "ttt_decay", "draft_vocab_size")
 
 
-def _unused_settings(cfg: DrafterConfig, names: tuple[str, ...]) -> list[str]:
-    defaults = {f.name: f.default for f in fields(DrafterConfig)}
-    return [
-        f"drafter.{name} = {getattr(cfg, name)!r} is not used by drafter.kind={cfg.kind} (leave it unset)"
-        for name in names
-        if getattr(cfg, name) != defaults[name]
-    ]
-
-
 def _dspark_problems(cfg: RecipeConfig) -> list[str]:
     d = cfg.drafter
-    problems = _unused_settings(d, _EAGLE3_ONLY)
+    problems = unused_settings(d, _EAGLE3_ONLY + (() if d.confidence_head else CONFIDENCE_SETTINGS))
     if d.markov_rank <= 0:
         problems.append(f"drafter.kind=dspark needs drafter.markov_rank > 0, got {d.markov_rank} (use kind=dflash for rank 0)")
     if d.labels != "dspark":
@@ -48,7 +40,7 @@ def _dspark_problems(cfg: RecipeConfig) -> list[str]:
 
 def _dflash_problems(cfg: RecipeConfig) -> list[str]:
     d = cfg.drafter
-    problems = _unused_settings(d, _EAGLE3_ONLY)
+    problems = unused_settings(d, _EAGLE3_ONLY + MARKOV_SETTINGS + CONFIDENCE_SETTINGS)
     if d.markov_rank != 0 or d.confidence_head:
         problems.append(
             f"drafter.kind=dflash needs drafter.markov_rank=0 and drafter.confidence_head=false, got "
@@ -80,11 +72,18 @@ def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch
     return {"embed_tokens.weight": embed, "lm_head.weight": lm_head}
 
 
-def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
+def _slot_weights(module: nn.Module, cfg: RecipeConfig) -> torch.Tensor:
+    import torch
+
     from deepspec_train.losses.position_weights import decay_weights
 
+    return decay_weights(torch.arange(cfg.drafter.block_size), cfg.loss.gamma_decay)
+
+
+def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
     markov_w2 = module.markov_head.markov_w2.weight if output.markov_rows is not None else None
-    return LossInputs(decay_weights(output.slot_index, cfg.loss.gamma_decay), None, markov_w2)
+    weights = _slot_weights(module, cfg).to(output.slot_index.device)[output.slot_index]
+    return LossInputs(weights, None, markov_w2)
 
 
 def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
@@ -135,6 +134,7 @@ _SHARED = dict(
     build_from_state=_build_from_state,
     complete_state=_complete_state,
     frozen_head_state=_frozen_heads,
+    slot_weights=_slot_weights,
     loss_inputs=_loss_inputs,
     block_drafter=_block_drafter,
     sequential_passes=_sequential_passes,

@@ -15,7 +15,7 @@ before torch is imported.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
@@ -52,6 +52,7 @@ class DrafterKind:
     - ``complete_state(drafter_cfg, geometry, state)``: adds to a checkpoint ``state`` (in place) the tensors a
       checkpoint may leave out because they follow from the config (EAGLE-3's identity maps of a full vocabulary).
     - ``frozen_head_state(embed, lm_head)``: the module's frozen copies of the target's heads, by tensor name.
+    - ``slot_weights(module, cfg)``: the loss's position weight of each block slot, ``[block_size]``.
     - ``loss_inputs(module, output, cfg)``: position weights, draft-vocabulary map and Markov factor for the loss.
     - ``block_drafter(module, labels)``: the evaluator's drafting strategy for a loaded module.
     - ``sequential_passes(drafter_cfg)``: decoder-layer passes one drafted block needs one after the other.
@@ -70,6 +71,7 @@ class DrafterKind:
     build_from_state: "Callable[[DrafterConfig, DrafterGeometry, list[int], Mapping[str, torch.Tensor]], nn.Module]"
     complete_state: "Callable[[DrafterConfig, DrafterGeometry, MutableMapping[str, torch.Tensor]], None]"
     frozen_head_state: "Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]"
+    slot_weights: "Callable[[nn.Module, RecipeConfig], torch.Tensor]"
     loss_inputs: "Callable[[nn.Module, DrafterOutput, RecipeConfig], LossInputs]"
     block_drafter: "Callable[[nn.Module, str], BlockDrafter]"
     sequential_passes: Callable[[DrafterConfig], int]
@@ -89,6 +91,22 @@ class DrafterKind:
                 if tuple(value.shape) != tuple(target.shape):
                     raise ValueError(f"target {name} is {tuple(value.shape)}, the drafter expects {tuple(target.shape)}")
                 target.copy_(value)
+
+
+# Drafter settings that shape the Markov head, and the one that shapes the confidence head's training: only a
+# kind with that head reads them (``recipe_problems`` refuses them off their defaults elsewhere).
+MARKOV_SETTINGS = ("markov_head_type", "markov_init")
+CONFIDENCE_SETTINGS = ("confidence_gradient",)
+
+
+def unused_settings(cfg: DrafterConfig, names: tuple[str, ...]) -> list[str]:
+    """One line for each drafter setting in ``names`` that ``cfg`` moves off its neutral value (its default)."""
+    defaults = {f.name: f.default for f in fields(DrafterConfig)}
+    return [
+        f"drafter.{name} = {getattr(cfg, name)!r} is not used by drafter.kind={cfg.kind} (leave it unset)"
+        for name in names
+        if getattr(cfg, name) != defaults[name]
+    ]
 
 
 def layer_stack_flops(

@@ -19,16 +19,22 @@ Definitions, per supervised row ``i`` (one block slot), with temperature ``T``:
 - ``ce_i = -log p_d[label_i]`` (the same tempered draft distribution, so all terms see one draft);
 - ``tv_i = 0.5 * sum_j |p_d[j] - p_t[j]|`` and ``c*_i = sum_j min(p_d[j], p_t[j]) = 1 - tv_i`` (detached);
 - ``bce_i = BCE(conf_logit_i, c*_i)``;
-- ``loss = sum_i w_i * (alpha_ce * ce_i + alpha_tv * tv_i + alpha_conf * bce_i) / normalizer``, where the
-  caller passes ``normalizer`` = the number of supervised positions across all drafter ranks (default: the
-  local row count), so that summing gradients over ranks gives the global mean.
+- the distance term ``dist_i`` is ``tv_i`` (``distance="tv"``) or DeepSpec's ``l1_i = sum_j |p_d[j] - p_t[j]| =
+  2 * tv_i`` (``distance="l1"``);
+- ``loss = sum_i w_i * (alpha_ce * ce_i + alpha_tv * dist_i + alpha_conf * bce_i) / n_i``. The normalizer
+  ``n_i`` is one number for every row (per-token normalisation: the caller passes the number of supervised
+  positions across all drafter ranks; default: the local row count) or one per row (per-sequence
+  normalisation: the summed position weights of the row's sequence times the number of sequences; see
+  ``deepspec_train.losses.normalization``), so that summing gradients over micro-batches and ranks gives the
+  step's loss.
 
 Draft vocabulary (EAGLE-3): with ``draft_to_target`` ``[Vd]`` the draft logits live on ``Vd`` draft ids, draft
 id ``j`` standing for target id ``draft_to_target[j]``; ``markov_w2`` (if any) then has ``Vd`` rows. Target mass
 outside the draft vocabulary is mass the draft can never cover, so it counts fully in TV:
 ``tv_i = 0.5 * (sum_j |p_d[j] - p_t[d2t[j]]| + 1 - sum_j p_t[d2t[j]])`` and ``c*_i = sum_j min(p_d[j],
 p_t[d2t[j]])``. Rows whose label is not in the draft vocabulary get no CE term (their TV and BCE terms stay);
-``LossOutput.num_label_outside_draft_vocab`` counts them.
+``LossOutput.num_label_outside_draft_vocab`` counts them. With ``l1`` the uncovered mass counts twice too
+(``l1_i = 2 * tv_i`` holds with a draft vocabulary as well).
 
 Gradients reach ``draft_hidden``, ``markov_rows``, ``markov_w2``, ``conf_logits`` and ``draft_head_weight``
 (only when it requires grad: EAGLE-3 trains its own head, DSpark's copy of the target head is frozen); never
@@ -43,6 +49,8 @@ import torch
 import torch.nn.functional as F
 
 _DIFFERENTIABLE = ("draft_hidden", "draft_head_weight", "markov_rows", "markov_w2", "conf_logits")
+# The distance term in units of total variation: L1 = sum |p_d - p_t| = 2 TV.
+DISTANCE_SCALE = {"tv": 1.0, "l1": 2.0}
 
 
 @dataclass
@@ -50,7 +58,8 @@ class LossOutput:
     """The loss and its detached diagnostics.
 
     ``ce_sum``, ``tv_sum`` and ``conf_sum`` are ``sum_i w_i * term_i`` over the local rows: weighted by the
-    position weights, not by the alphas, and not divided by the normalizer.
+    position weights, not by the alphas, and not divided by the normalizer. ``tv_sum`` is the total variation
+    whichever ``distance`` the loss uses (``1 - c*`` summed), so logs stay comparable across the two.
     """
 
     loss: torch.Tensor
@@ -71,6 +80,7 @@ class _Coefficients:
     compute_dtype: torch.dtype
     temperature: float
     alpha_ce: float
+    # alpha_tv times 1 (TV) or 2 (L1 = 2 TV): the weight of the total variation in the loss.
     alpha_tv: float
     alpha_conf: float
 
@@ -105,25 +115,27 @@ def selected_logit_loss(
     alpha_ce: float = 0.1,
     alpha_tv: float = 0.9,
     alpha_conf: float = 1.0,
+    distance: str = "tv",
     chunk_size: int = 1024,
-    normalizer: float | None = None,
+    normalizer: float | torch.Tensor | None = None,
 ) -> LossOutput:
-    """Chunked CE + TV + confidence loss over ``N`` supervised rows; see the module docstring.
+    """Chunked CE + TV (or L1) + confidence loss over ``N`` supervised rows; see the module docstring.
 
     Shapes: ``draft_hidden [N, d]``, ``draft_head_weight [Vd, d]``, ``target_hidden [N, dt]``,
     ``target_head_weight [V, dt]``, ``labels [N]`` (target ids), ``weights [N]``, ``markov_rows [N, r]``,
-    ``markov_w2 [Vd, r]``, ``conf_logits [N]``, ``draft_to_target [Vd]`` (``Vd == V`` without it).
+    ``markov_w2 [Vd, r]``, ``conf_logits [N]``, ``draft_to_target [Vd]`` (``Vd == V`` without it), ``normalizer``
+    a positive number or a positive ``[N]`` tensor (one denominator per row).
     """
     _check_inputs(draft_hidden, draft_head_weight, target_hidden, target_head_weight, labels, weights,
                   markov_rows, markov_w2, conf_logits, draft_to_target, chunk_size, temperature)
+    if distance not in DISTANCE_SCALE:
+        raise ValueError(f"distance must be one of {sorted(DISTANCE_SCALE)}, got {distance!r}")
     num_rows = draft_hidden.shape[0]
-    if normalizer is None:
-        normalizer = float(max(num_rows, 1))
-    if normalizer <= 0:
-        raise ValueError(f"normalizer must be positive, got {normalizer}")
     # Softmax and the loss terms run in fp32 at least (fp64 stays fp64, which the reference tests rely on).
     compute_dtype = torch.promote_types(draft_hidden.dtype, torch.float32)
-    coeffs = _Coefficients(compute_dtype, float(temperature), float(alpha_ce), float(alpha_tv), float(alpha_conf))
+    row_normalizer = _row_normalizer(normalizer, num_rows, compute_dtype, draft_hidden.device)
+    coeffs = _Coefficients(compute_dtype, float(temperature), float(alpha_ce),
+                           float(alpha_tv) * DISTANCE_SCALE[distance], float(alpha_conf))
 
     differentiable = {
         "draft_hidden": draft_hidden,
@@ -139,7 +151,7 @@ def selected_logit_loss(
     with torch.no_grad():
         result = _run_chunks(
             draft_hidden.detach(), draft_head_weight.detach(), target_hidden.detach(),
-            target_head_weight.detach(), labels.long(), weights.detach().to(compute_dtype), float(normalizer),
+            target_head_weight.detach(), labels.long(), weights.detach().to(compute_dtype), row_normalizer,
             None if markov_rows is None else markov_rows.detach(),
             None if markov_w2 is None else markov_w2.detach(),
             None if conf_logits is None else conf_logits.detach(),
@@ -154,6 +166,25 @@ def selected_logit_loss(
     return LossOutput(loss=loss, **result)
 
 
+def _row_normalizer(
+    normalizer: float | torch.Tensor | None, num_rows: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """The denominator of every row as a ``[N]`` tensor (a scalar normalizer broadcast; default: ``N``)."""
+    if normalizer is None:
+        normalizer = float(max(num_rows, 1))
+    if isinstance(normalizer, torch.Tensor) and normalizer.dim() > 0:
+        if normalizer.shape != (num_rows,):
+            raise ValueError(f"a per-row normalizer must be [{num_rows}], got {tuple(normalizer.shape)}")
+        rows = normalizer.detach().to(device=device, dtype=dtype)
+    else:
+        if float(normalizer) <= 0:
+            raise ValueError(f"normalizer must be positive, got {float(normalizer)}")
+        rows = torch.full((num_rows,), float(normalizer), dtype=dtype, device=device)
+    if num_rows and not bool((rows > 0).all()):
+        raise ValueError("every row's normalizer must be positive")
+    return rows
+
+
 def _run_chunks(
     draft_hidden: torch.Tensor,
     draft_head_weight: torch.Tensor,
@@ -161,7 +192,7 @@ def _run_chunks(
     target_head_weight: torch.Tensor,
     labels: torch.Tensor,
     weights: torch.Tensor,
-    normalizer: float,
+    normalizer: torch.Tensor,
     markov_rows: torch.Tensor | None,
     markov_w2: torch.Tensor | None,
     conf_logits: torch.Tensor | None,
@@ -213,7 +244,7 @@ def _run_chunks(
     combined = coeffs.alpha_ce * ce.double() + coeffs.alpha_tv * tv.double() + coeffs.alpha_conf * bce.double()
     w64 = weights.double()
     return {
-        "loss": (w64 * combined).sum().div(normalizer).to(coeffs.compute_dtype),
+        "loss": (w64 * combined / normalizer.double()).sum().to(coeffs.compute_dtype),
         "grads": _cast_to_input_dtypes(grads, draft_hidden, draft_head_weight, markov_rows, markov_w2, conf_logits),
         "ce_sum": (w64 * ce.double()).sum().to(coeffs.compute_dtype),
         "tv_sum": (w64 * tv.double()).sum().to(coeffs.compute_dtype),

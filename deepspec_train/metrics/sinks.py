@@ -103,6 +103,9 @@ class WandbSink(MetricsSink):
         config: dict[str, Any],
         mode: WandbMode = "offline",
         dir: str | os.PathLike | None = None,
+        group: Optional[str] = None,
+        tags: Sequence[str] = (),
+        job_type: Optional[str] = None,
     ) -> None:
         # Imported here: wandb takes about a second to import and most code paths (tests, non-main ranks) never
         # need it.
@@ -118,6 +121,9 @@ class WandbSink(MetricsSink):
             config=config,
             mode=resolved_mode,
             dir=None if dir is None else str(dir),
+            group=group,
+            tags=list(tags),
+            job_type=job_type,
         )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -157,6 +163,23 @@ class FanoutSink(MetricsSink):
             sink.finish()
 
 
+def wandb_labels(logging_cfg: LoggingConfig, config: dict[str, Any]) -> tuple[Optional[str], list[str], dict[str, str]]:
+    """``(group, tags, flat config)`` of a training run, from its resolved recipe dict: the group is
+    ``logging.wandb_group`` or the target's directory name, so a drafter and its baselines for one target sit
+    together in the W&B UI; tags and flat config name the drafter kind, the target and the recipe (``run.name``)."""
+    target_path = str((config.get("target") or {}).get("path") or "")
+    labels = {
+        "drafter_kind": str((config.get("drafter") or {}).get("kind") or ""),
+        "target_name": Path(target_path.rstrip("/")).name if target_path else "",
+        "recipe": str((config.get("run") or {}).get("name") or ""),
+    }
+    labels = {key: value for key, value in labels.items() if value}
+    group = logging_cfg.wandb_group or labels.get("target_name")
+    # W&B caps a tag at 64 characters.
+    tags = [f"{key.split('_')[0]}:{value}"[:64] for key, value in labels.items()]
+    return group, tags, labels
+
+
 def make_sink(
     output_dir: str | os.PathLike,
     logging_cfg: LoggingConfig,
@@ -170,13 +193,17 @@ def make_sink(
         return NoOpSink()
     sinks: list[MetricsSink] = [JsonlSink(Path(output_dir) / "metrics.jsonl")]
     if logging_cfg.wandb and logging_cfg.wandb_mode != "disabled":
+        group, tags, labels = wandb_labels(logging_cfg, config_dict or {})
         sinks.append(
             WandbSink(
                 project=logging_cfg.wandb_project,
                 run_name=run_name,
-                config=config_dict or {},
+                config=(config_dict or {}) | labels,
                 mode=logging_cfg.wandb_mode,
                 dir=output_dir,
+                group=group,
+                tags=tags,
+                job_type="train",
             )
         )
     return FanoutSink(sinks)

@@ -233,24 +233,9 @@ class Eagle3Drafter(nn.Module):
         width = len(self.target_layer_ids) * self.geometry.hidden_size
         if batch.ctx_features.shape[-1] != width:
             raise ValueError(f"ctx_features width {batch.ctx_features.shape[-1]} != taps * hidden ({width})")
-        dtype = self.fc.weight.dtype
         nb = batch.num_blocks
         attn = self.midlayer.self_attn
-
-        entries = _context_entries(batch)
-        # One length for every rotary call of this forward, so dynamic RoPE scaling rotates all keys and queries
-        # with the same frequencies (the largest position any step reaches, + 1).
-        last = [entries.pos.max()] if entries.pos.numel() else []
-        if nb and num_steps:
-            last.append((batch.block_anchor + num_steps - 1).max())
-        seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
-        ctx_x = self.midlayer.fused_input(self.embed_tokens(entries.tokens), self.fc(entries.features.to(dtype)))
-        ctx_k, ctx_v = attn.keys_values(ctx_x, *self.rotary.cos_sin(entries.pos, seq_len))
-
-        prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
-        if not bool(found.all()):
-            raise ValueError("every block needs the target feature at position a-1 among its context rows")
-        hidden = self.fc(batch.ctx_features[prev_row].to(dtype))
+        entries, ctx_k, ctx_v, hidden, seq_len = self._context_and_first_hidden(batch, num_steps)
 
         device = hidden.device
         q_block = torch.arange(nb, device=device)
@@ -276,6 +261,48 @@ class Eagle3Drafter(nn.Module):
             return hidden.new_zeros(nb, 0, self.geometry.hidden_size)
         return torch.stack(outputs, dim=1)
 
+    def _context_and_first_hidden(
+        self, batch: PackedBatch, num_steps: int
+    ) -> tuple[_ContextEntries, torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """The context entries, their keys / values ``[1, G, Nc, h]``, step 0's hidden input ``fc(g_{a-1})`` and
+        the rotary length of a forward of ``num_steps`` steps."""
+        entries = _context_entries(batch)
+        # One length for every rotary call of this forward, so dynamic RoPE scaling rotates all keys and queries
+        # with the same frequencies (the largest position any step reaches, + 1).
+        last = [entries.pos.max()] if entries.pos.numel() else []
+        if batch.num_blocks and num_steps:
+            last.append((batch.block_anchor + num_steps - 1).max())
+        seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
+        ctx_k, ctx_v = self.entry_kv(entries.tokens, entries.features, entries.pos, seq_len)
+        prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
+        if not bool(found.all()):
+            raise ValueError("every block needs the target feature at position a-1 among its context rows")
+        return entries, ctx_k, ctx_v, self.fc(batch.ctx_features[prev_row].to(self.fc.weight.dtype)), seq_len
+
+    def entry_kv(
+        self, tokens: torch.Tensor, prev_features: torch.Tensor, positions: torch.Tensor, seq_len: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys / values ``[1, G, n, h]`` of context entries ``t``: token ``x_t``, feature ``g_{t-1}``, position ``t``
+        (rotated for the length ``seq_len`` of dynamic RoPE scaling; ignored by the other RoPE types). Per entry,
+        so a decoder can keep the entries of earlier rounds (engines cache them)."""
+        x = self.midlayer.fused_input(self.embed_tokens(tokens), self.fc(prev_features.to(self.fc.weight.dtype)))
+        return self.midlayer.self_attn.keys_values(x, *self.rotary.cos_sin(positions, seq_len))
+
+    def start_draft(
+        self, ctx_kv: tuple[torch.Tensor, torch.Tensor], last_feature: torch.Tensor, rows: int, anchor: int,
+        seq_len: int = 0,
+    ) -> "DraftSteps":
+        """Decode-time stepping of ``rows`` blocks that share one context and anchor: ``ctx_kv`` are the keys /
+        values of the context entries ``1..a-1`` (``entry_kv``), ``last_feature [3d]`` is ``g_{a-1}``. Each
+        ``DraftSteps.step`` runs one TTT step for every row on top of the keys / values of the steps before (a KV
+        cache: ``K`` steps cost ``K`` single-position passes, where ``unroll(batch, k + 1)`` for each ``k`` would
+        re-run every earlier step). ``seq_len``: the rotary length of dynamic RoPE scaling, that of the context's
+        keys (``a + K`` for ``K`` steps, as in ``unroll``). Equal to ``unroll`` (tested)."""
+        hidden = self.fc(last_feature.to(self.fc.weight.dtype)).expand(rows, -1)
+        # Per-row caches [R, G, T, h]: the shared context first, then each row's own steps.
+        return DraftSteps(self, ctx_kv[0].expand(rows, -1, -1, -1), ctx_kv[1].expand(rows, -1, -1, -1), hidden, anchor,
+                          seq_len)
+
     @staticmethod
     def _step_mask(
         batch: PackedBatch,
@@ -295,3 +322,36 @@ class Eagle3Drafter(nn.Module):
         return _may_attend(
             q_block[:, None], q_seq[:, None], q_anchor[:, None], kv_block[None, :], kv_seq[None, :], kv_pos[None, :]
         )
+
+
+class DraftSteps:
+    """The KV-cached TTT state of ``R`` rows being drafted (made by ``Eagle3Drafter.start_draft``)."""
+
+    def __init__(
+        self, module: Eagle3Drafter, keys: torch.Tensor, values: torch.Tensor, hidden: torch.Tensor, anchor: int,
+        seq_len: int,
+    ) -> None:
+        self.module = module
+        self.keys = keys
+        self.values = values
+        self.hidden = hidden
+        self.position = anchor
+        self.seq_len = seq_len
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """One TTT step consuming ``tokens [R]`` (the anchor first, then each row's last draft); returns the step's
+        pre-norm hidden ``[R, d]``, which the next step also consumes."""
+        module = self.module
+        attn = module.midlayer.self_attn
+        positions = torch.full_like(tokens, self.position)
+        cos, sin = module.rotary.cos_sin(positions, self.seq_len)
+        x = module.midlayer.fused_input(module.embed_tokens(tokens), self.hidden)
+        # Rows are the batch dimension here: [1, heads, R, h] -> [R, heads, 1, h].
+        q = attn.queries(x, cos, sin).transpose(0, 2)
+        k, v = (t.transpose(0, 2) for t in attn.keys_values(x, cos, sin))
+        self.keys = torch.cat([self.keys, k], dim=2)
+        self.values = torch.cat([self.values, v], dim=2)
+        attended = attend(q, self.keys, self.values, None, "sdpa")
+        self.hidden = module.midlayer.finish(self.hidden, attn.output(attended.transpose(0, 2)))
+        self.position += 1
+        return self.hidden

@@ -7,10 +7,14 @@ the block's own. Which context rows and slots a query sees comes from the batch 
 (``deepspec_train.packing.attention_mask``): context of its own sequence before its anchor, and its whole
 block (bidirectional). Token embedding and LM head are frozen copies of the target's.
 
-DSpark adds a low-rank Markov head (slot logits += ``W1[x_prev] @ W2``) and a confidence head
-(``Linear(d + r, 1)`` on ``[h_k ; W1[x_prev]]``). DFlash is ``markov_rank = 0`` and ``confidence_head =
-False``: a recipe switch. ``forward`` returns slot states only at supervised slots; full-vocabulary logits
-are left to the chunked loss (``slot_logits`` computes them for inference and tests).
+DSpark adds a low-rank Markov head (slot logits += ``W2 u_k``, ``u_k`` an ``r``-dim latent of the previous
+token ``x_prev``) and a confidence head (``Linear(d + r, 1)`` on ``[h_k ; W1[x_prev]]``). The Markov head is one
+of DeepSpec's / SGLang's three ``markov_head_type`` forms (``MarkovHead``): ``vanilla`` (``u_k = W1[x_prev]``),
+``gated`` (a sigmoid gate on ``W1[x_prev]`` read from ``[h_k ; W1[x_prev]]``) or ``rnn`` (a GRU-like state carried
+left to right through the block's slots, so slot ``k`` sees every earlier token of its block, not only the last).
+DFlash is ``markov_rank = 0`` and ``confidence_head = False``: a recipe switch. ``forward`` returns slot states
+only at supervised slots; full-vocabulary logits are left to the chunked loss (``slot_logits`` computes them for
+inference and tests).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
@@ -29,6 +34,7 @@ from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
 
 INIT_STD = 0.02
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
 @dataclass
@@ -36,6 +42,7 @@ class DrafterOutput:
     """Drafter states at the supervised slots, in row-major order of ``batch.supervised_mask``."""
 
     hidden: torch.Tensor
+    # The Markov latents ``u`` (``W2 u`` is the bias): ``W1[x_prev]`` for the vanilla head.
     markov_rows: Optional[torch.Tensor]
     conf_logits: Optional[torch.Tensor]
     slot_index: torch.Tensor
@@ -71,22 +78,32 @@ class ContextAttention(nn.Module):
         # [1, T, heads*h] -> [1, heads, T, h]
         return x.view(x.shape[0], x.shape[1], num_heads, self.head_dim).transpose(1, 2)
 
+    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (k_norm, then RoPE at the rows' positions) and values of ``x [b, T, d]``: ``[b, G, T, h]`` each."""
+        k = apply_rotary(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        return k, self._heads(self.v_proj(x), self.num_kv_heads)
+
     def forward(
         self,
         x: torch.Tensor,
-        ctx: torch.Tensor,
+        ctx: Optional[torch.Tensor],
         rotary: _Rotary,
-        mask: Union[torch.Tensor, BlockMask],
+        mask: Union[torch.Tensor, BlockMask, None],
         backend: AttentionBackend,
         compiled: bool,
+        ctx_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        """``x [1, Q, d]`` (normed block states), ``ctx [1, Nc, d]`` (H_ctx) -> ``[1, Q, d]``."""
-        keys_in = torch.cat([ctx, x], dim=1)
-        q = self.q_norm(self._heads(self.q_proj(x), self.num_heads))
-        k = self.k_norm(self._heads(self.k_proj(keys_in), self.num_kv_heads))
-        v = self._heads(self.v_proj(keys_in), self.num_kv_heads)
-        q = apply_rotary(q, rotary.query_cos, rotary.query_sin)
-        k = apply_rotary(k, rotary.key_cos, rotary.key_sin)
+        """``x [b, Q, d]`` (normed block states), ``ctx [1, Nc, d]`` (H_ctx) -> ``[b, Q, d]``. At decode time the
+        context's keys / values may come projected already (``ctx_kv``, ``[1, G, Nc, h]`` each, shared by the
+        ``b`` blocks); the block's own then sit at the query positions."""
+        q = apply_rotary(self.q_norm(self._heads(self.q_proj(x), self.num_heads)), rotary.query_cos, rotary.query_sin)
+        if ctx_kv is None:
+            k, v = self.keys_values(torch.cat([ctx, x], dim=1), rotary.key_cos, rotary.key_sin)
+        else:
+            block_k, block_v = self.keys_values(x, rotary.query_cos, rotary.query_sin)
+            rows = x.shape[0]
+            k = torch.cat([ctx_kv[0].expand(rows, -1, -1, -1), block_k], dim=2)
+            v = torch.cat([ctx_kv[1].expand(rows, -1, -1, -1), block_v], dim=2)
         out = attend(q, k, v, mask, backend, compiled)
         return self.o_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
 
@@ -104,24 +121,95 @@ class ParallelDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        ctx: torch.Tensor,
+        ctx: Optional[torch.Tensor],
         rotary: _Rotary,
-        mask: Union[torch.Tensor, BlockMask],
+        mask: Union[torch.Tensor, BlockMask, None],
         backend: AttentionBackend,
         compiled: bool,
+        ctx_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         # H_ctx is already normed by hidden_norm; only the block stream gets the layer's input norm.
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, mask, backend, compiled)
+        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, mask, backend, compiled, ctx_kv)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class MarkovHead(nn.Module):
-    """Low-rank first-order bias: ``W1[x_prev] @ W2`` (``markov_w2.weight`` is ``[V, r]``)."""
+    """Low-rank sequential bias ``W2 u_k`` (``markov_w2.weight`` is ``[V, r]``), in DeepSpec's three forms.
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    With ``e_k = W1[x_prev]`` (``markov_w1 [V, r]``) and ``h_k`` the slot's final-normed state (the LM head's
+    input), the latent ``u_k`` is:
+
+    - ``vanilla``: ``e_k``;
+    - ``gated``: ``sigmoid(gate_proj([h_k ; e_k])) * e_k`` (``gate_proj [r, d + r]`` with bias);
+    - ``rnn``: ``[g; c; o] = joint_proj([s_{k-1} ; e_k ; h_k])`` (``joint_proj [3r, 2r + d]`` with bias, chunked
+      in that order), ``s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c)`` from ``s_0 = 0`` at the block's
+      first slot, ``u_k = tanh(o)``.
+
+    Names, shapes and formulas are SGLang's ``models/dspark.py`` (``VanillaMarkov`` / ``GatedMarkovHead`` /
+    ``RNNHead``), which loads each type; vLLM's ``qwen3_dspark.py`` has only the vanilla head.
+    """
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, head_type: str = "vanilla") -> None:
         super().__init__()
+        if head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {head_type!r}")
+        self.head_type = head_type
+        self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        if head_type == "gated":
+            self.gate_proj = nn.Linear(hidden_size + rank, rank)
+        elif head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    def initial_state(self, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """The recurrent state before a block's first slot (``[*like.shape[:-1], r]`` zeros; None without one)."""
+        if self.head_type != "rnn":
+            return None
+        return like.new_zeros(*like.shape[:-1], self.rank)
+
+    def hidden_projection(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """The part of the gate / joint projection that reads the slot state, bias included (``[..., r]`` gated,
+        ``[..., 3r]`` rnn; None for vanilla). It does not depend on the sampled tokens, so a block computes it for
+        every slot in one product before the sequential loop."""
+        if self.head_type == "gated":
+            return F.linear(hidden, self.gate_proj.weight[:, : hidden.shape[-1]], self.gate_proj.bias)
+        if self.head_type == "rnn":
+            return F.linear(hidden, self.joint_proj.weight[:, 2 * self.rank :], self.joint_proj.bias)
+        return None
+
+    def step(
+        self, prev_tokens: torch.Tensor, hidden_projection: Optional[torch.Tensor], state: Optional[torch.Tensor]
+    ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """One slot: ``prev_tokens [...]``, the slot's ``hidden_projection`` and ``state [..., r]`` -> (latent
+        ``u [..., r]``, next state)."""
+        embed = self.markov_w1(prev_tokens)
+        if self.head_type == "vanilla":
+            return embed, state
+        if self.head_type == "gated":
+            hidden_size = self.gate_proj.weight.shape[1] - self.rank
+            gate = torch.sigmoid(hidden_projection + F.linear(embed, self.gate_proj.weight[:, hidden_size:]))
+            return gate * embed, state
+        r = self.rank
+        inputs = torch.cat([state, embed], dim=-1)
+        z = torch.addmm(hidden_projection.reshape(-1, 3 * r), inputs.reshape(-1, 2 * r),
+                        self.joint_proj.weight[:, : 2 * r].T).view(*inputs.shape[:-1], 3 * r)
+        gate = torch.sigmoid(z[..., :r])
+        candidate, output = torch.tanh(z[..., r:]).split(r, dim=-1)
+        # g * s + (1 - g) * tanh(c), as one interpolation.
+        return output, torch.lerp(candidate, state, gate)
+
+    def block_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced latents of whole blocks: ``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``."""
+        projection = self.hidden_projection(hidden.to(self.markov_w1.weight.dtype))
+        if self.head_type != "rnn":
+            return self.step(prev_tokens, projection, None)[0]
+        state = self.initial_state(hidden[:, 0])
+        latents = []
+        for k in range(prev_tokens.shape[1]):
+            latent, state = self.step(prev_tokens[:, k], projection[:, k], state)
+            latents.append(latent)
+        return torch.stack(latents, dim=1)
 
 
 class ConfidenceHead(nn.Module):
@@ -145,6 +233,9 @@ class ParallelDrafter(nn.Module):
         self.mask_token_id = drafter_cfg.mask_token_id
         self.target_layer_ids = list(target_layer_ids)
         self.markov_rank = rank
+        self.markov_init = drafter_cfg.markov_init
+        # Whether the confidence BCE trains the features it reads (DeepSpec: yes) or only the head's own weights.
+        self.confidence_joint = drafter_cfg.confidence_gradient == "joint"
 
         self.embed_tokens = nn.Embedding(vocab, d)
         self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
@@ -153,7 +244,7 @@ class ParallelDrafter(nn.Module):
         self.norm = RMSNorm(d, geometry.rms_norm_eps)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         self.rotary = RotaryEmbedding.for_geometry(geometry)
-        self.markov_head = MarkovHead(vocab, rank) if rank > 0 else None
+        self.markov_head = MarkovHead(vocab, rank, d, drafter_cfg.markov_head_type) if rank > 0 else None
         self.confidence_head = ConfidenceHead(d, rank) if drafter_cfg.confidence_head else None
         self.reset_parameters()
         self.embed_tokens.requires_grad_(False)
@@ -161,7 +252,8 @@ class ParallelDrafter(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self) -> None:
-        """Qwen3-style init (normal, std 0.02; norms at 1). The Markov bias starts at zero (DFlash behaviour)."""
+        """Qwen3-style init (normal, std 0.02; biases at 0; norms at 1). ``markov_init`` picks ``markov_w2``'s:
+        ``zero`` (the Markov bias starts at nothing: DFlash's behaviour at step 0) or ``normal`` (DeepSpec's)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=INIT_STD)
@@ -169,7 +261,7 @@ class ParallelDrafter(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, RMSNorm):
                 module.reset_parameters()
-        if self.markov_head is not None:
+        if self.markov_head is not None and self.markov_init == "zero":
             nn.init.zeros_(self.markov_head.markov_w2.weight)
 
     @torch.no_grad()
@@ -201,24 +293,73 @@ class ParallelDrafter(nn.Module):
             x = layer(x, ctx, rotary, mask, attention, compiled)
         return self.norm(x).view(batch.num_blocks, batch.block_size, -1)
 
+    def context_kv(
+        self, features: torch.Tensor, positions: torch.Tensor, seq_len: int = 0
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Decode time: every layer's context keys / values ``[1, G, n, h]`` of target features ``[n, K*d]`` at
+        ``positions [n]``, rotated for the length ``seq_len`` of dynamic RoPE scaling (the block's last position
+        + 1, as in ``backbone``; ignored by the other RoPE types). Per row, so rows projected in earlier rounds
+        can be kept (engines cache them).
+
+        Every layer reads the same ``H_ctx``, so all layers' ``k_proj`` / ``v_proj`` run as one product, then one
+        RMS statistic, each layer's ``k_norm`` scale and one RoPE for every layer's keys (vLLM fuses the context
+        projections of DFlash / DSpark drafters the same way); equal to ``keys_values`` layer by layer (tested).
+        """
+        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        attns = [layer.self_attn for layer in self.layers]
+        if not attns:
+            return []
+        first = attns[0]
+        kv_heads, head_dim, num = first.num_kv_heads, first.head_dim, len(attns)
+        weight = torch.cat([a.k_proj.weight for a in attns] + [a.v_proj.weight for a in attns])
+        projected = F.linear(ctx, weight).view(ctx.shape[0], 2, num, kv_heads, head_dim)
+        keys, values = projected.unbind(1)
+        scales = torch.stack([a.k_norm.weight for a in attns])[:, None, :]
+        keys = F.rms_norm(keys.float(), (head_dim,), eps=first.k_norm.eps).to(keys.dtype) * scales
+        # [n, L, G, h] -> [L, G, n, h]: one RoPE over every layer's keys at the rows' positions.
+        cos, sin = self.rotary.cos_sin(positions.reshape(1, -1), seq_len)
+        keys = apply_rotary(keys.permute(1, 2, 0, 3), cos, sin)
+        values = values.permute(1, 2, 0, 3)
+        return [(keys[i : i + 1], values[i : i + 1]) for i in range(num)]
+
+    def decode_states(
+        self, block_input: torch.Tensor, anchor_position: int, ctx_kv: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Decode time: final-normed slot states ``[R, B, d]`` of ``R`` blocks ``[R, B]`` anchored at one position,
+        whose context (every row before the anchor) is ``ctx_kv`` (``context_kv`` of those rows). Each block sees
+        all of the context and its own slots: the training mask for one sequence at one anchor."""
+        positions = anchor_position + torch.arange(block_input.shape[1], device=block_input.device).reshape(1, -1)
+        cos, sin = self.rotary.cos_sin(positions)
+        rotary = _Rotary(cos, sin, cos, sin)
+        x = self.embed_tokens(block_input)
+        for layer, kv in zip(self.layers, ctx_kv):
+            x = layer(x, None, rotary, None, "sdpa", False, kv)
+        return self.norm(x)
+
     def markov_rows(self, prev_tokens: torch.Tensor) -> Optional[torch.Tensor]:
-        """``W1[x_prev]``, ``[..., r]``; None for a drafter without a Markov head."""
+        """``W1[x_prev]``, ``[..., r]`` (the confidence head's Markov input); None without a Markov head."""
         return None if self.markov_head is None else self.markov_head.markov_w1(prev_tokens)
 
-    def markov_bias(self, rows: torch.Tensor) -> torch.Tensor:
-        """``rows @ W2^T``: the Markov logit bias ``[..., V]``."""
+    def markov_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> Optional[torch.Tensor]:
+        """The latents ``u`` that ``W2`` maps to the Markov bias, for whole teacher-forced blocks
+        (``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``); None without a Markov head."""
+        return None if self.markov_head is None else self.markov_head.block_latents(prev_tokens, hidden)
+
+    def markov_bias(self, latents: torch.Tensor) -> torch.Tensor:
+        """``latents @ W2^T``: the Markov logit bias ``[..., V]``."""
         if self.markov_head is None:
             raise RuntimeError("this drafter has no Markov head (markov_rank 0)")
-        return self.markov_head.markov_w2(rows)
+        return self.markov_head.markov_w2(latents)
 
     def confidence_logits(self, hidden: torch.Tensor, rows: Optional[torch.Tensor]) -> torch.Tensor:
-        """Confidence logit ``[...]`` from slot states ``[..., d]`` and Markov rows ``[..., r]``."""
+        """Confidence logit ``[...]`` from slot states ``[..., d]`` and ``W1[x_prev]`` rows ``[..., r]``."""
         if self.confidence_head is None:
             raise RuntimeError("this drafter has no confidence head")
-        # The head reads the drafting features without training them: with the BCE gradient flowing back into the
-        # backbone and the Markov rows, tiny-world DSpark's validation E[L] fell from 2.76 to 2.54 (300 steps),
-        # no better than DFlash's 2.54; detached, drafting quality is untouched and the head still learns.
-        features = hidden.detach() if rows is None else torch.cat([hidden.detach(), rows.detach().to(hidden.dtype)], dim=-1)
+        if not self.confidence_joint:
+            # Detached: the BCE trains the head's own projection only, never the drafting features it reads.
+            hidden = hidden.detach()
+            rows = None if rows is None else rows.detach()
+        features = hidden if rows is None else torch.cat([hidden, rows.to(hidden.dtype)], dim=-1)
         return self.confidence_head.proj(features).squeeze(-1)
 
     def forward(
@@ -226,11 +367,16 @@ class ParallelDrafter(nn.Module):
     ) -> DrafterOutput:
         """States at supervised slots (no vocabulary-sized tensors: the loss applies ``lm_head`` in chunks)."""
         supervised = batch.supervised_mask
-        hidden = self.backbone(batch, attention, compiled)[supervised]
+        blocks = self.backbone(batch, attention, compiled)
+        hidden = blocks[supervised]
         rows = self.markov_rows(batch.block_prev[supervised])
+        latents = rows
+        if self.markov_head is not None and self.markov_head.head_type != "vanilla":
+            # Gated and RNN latents read the slot states (RNN: of every earlier slot of the block too).
+            latents = self.markov_latents(batch.block_prev, blocks)[supervised]
         conf = self.confidence_logits(hidden, rows) if self.confidence_head is not None else None
         slot_index = torch.arange(batch.block_size, device=supervised.device).expand_as(supervised)[supervised]
-        return DrafterOutput(hidden=hidden, markov_rows=rows, conf_logits=conf, slot_index=slot_index)
+        return DrafterOutput(hidden=hidden, markov_rows=latents, conf_logits=conf, slot_index=slot_index)
 
     def slot_logits(
         self,
@@ -239,8 +385,9 @@ class ParallelDrafter(nn.Module):
         attention: AttentionBackend = "sdpa",
     ) -> torch.Tensor:
         """Full draft logits ``[Nb, B, V]``; ``prev_tokens [Nb, B]`` defaults to ``batch.block_prev``."""
-        logits = self.lm_head(self.backbone(batch, attention))
+        hidden = self.backbone(batch, attention)
+        logits = self.lm_head(hidden)
         if self.markov_head is not None:
             prev = batch.block_prev if prev_tokens is None else prev_tokens
-            logits = logits + self.markov_bias(self.markov_rows(prev))
+            logits = logits + self.markov_bias(self.markov_latents(prev, hidden))
         return logits

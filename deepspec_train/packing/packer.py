@@ -75,19 +75,20 @@ def needed_positions(
     return ctx_positions, torch.unique(target_positions[target_positions >= 0])
 
 
-def count_supervised(
+def supervised_per_slot(
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     block_size: int,
     convention: LabelConvention = "dspark",
-) -> int:
-    """Supervised slots of the blocks at ``anchors``: what ``build_packed_batch`` will label, known from the
-    tokens and the loss mask alone (a target worker announces a step's counts before it runs the target)."""
+) -> torch.Tensor:
+    """Supervised rows of the blocks at ``anchors`` per block slot, ``int64 [block_size]``: what
+    ``build_packed_batch`` will label, known from the tokens and the loss mask alone (a target worker announces a
+    step's counts before it runs the target)."""
     if anchors.numel() == 0:
-        return 0
+        return torch.zeros(block_size, dtype=torch.long)
     labels, _ = block_labels(input_ids, loss_mask, anchors, block_size, convention)
-    return int((labels != IGNORE_INDEX).sum())
+    return (labels != IGNORE_INDEX).sum(0).long()
 
 
 def split_anchors(item: int, anchors: torch.Tensor, block_size: int, token_budget: int) -> list[BlockGroup]:

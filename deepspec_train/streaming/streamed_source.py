@@ -88,7 +88,8 @@ class StreamedFeatureSource:
             src = self.topology.target_rank(self.topology.feeder_of(self.drafter, step))
             head = self._receive(src, KIND_TRAIN, step)
             self.next_step = step + 1
-            yield StepBatches(head.count, head.active, head.supervised, self._batches(src, step, head.count))
+            yield StepBatches(head.count, head.active, head.supervised, self._batches(src, step, head.count),
+                              head.slot_counts())
 
     def validation_batches(self) -> Iterator[PackedBatch]:
         """The validation micro-batches that follow the last training step received, one at a time."""

@@ -6,8 +6,8 @@ For each drafter it serves, the group follows exactly the plan that drafter woul
 anchors, same packing, so the streamed features are the colocated ones. Every rank of a tensor-parallel group
 runs the same forwards in the same order (they are collective); only the group's first rank sends.
 
-A step goes out as an outline per served drafter (its micro-batch count and supervised slots, known from the
-packing plan before the target runs) and then one message per micro-batch as soon as it is built. Computation
+A step goes out as an outline per served drafter (its micro-batch count, supervised slots and per-sequence slot
+counts, known from the packing plan before the target runs) and then one message per micro-batch as soon as it is built. Computation
 and sending are decoupled by a send queue bounded in micro-batches (``stream.depth``): the forward of the next
 micro-batches overlaps the drafter's training, and when the drafter falls behind the full queue blocks the
 forward (backpressure), so at most ``depth`` micro-batches wait while one is on the wire, whatever the global
@@ -36,7 +36,9 @@ from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, message_bytes, outline, recv_ints,
     send_message, send_plan,
 )
-from deepspec_train.training.feature_source import ChunkPlan, InProcessFeatureSource, ValidationShare
+from deepspec_train.training.feature_source import (
+    ChunkPlan, InProcessFeatureSource, ValidationShare, merge_slot_counts,
+)
 
 
 @dataclass
@@ -157,7 +159,9 @@ def _stream_bundle(sink, topology: Topology, kind: int, step: int, epoch: int, s
     """
     for feed, _, chunks in work:
         supervised = [n for chunk in chunks for n in chunk.supervised]
-        sink.put(topology.drafter_rank(feed.route.drafter), outline(kind, step, epoch, step_in_epoch, supervised))
+        counts = merge_slot_counts(chunk.slot_counts for chunk in chunks) if kind == KIND_TRAIN else None
+        sink.put(topology.drafter_rank(feed.route.drafter),
+                 outline(kind, step, epoch, step_in_epoch, supervised, counts))
     for feed, source, chunks in work:
         dst = topology.drafter_rank(feed.route.drafter)
         index = 0

@@ -3,18 +3,21 @@
 A training step (or a validation pass) of one drafter travels as one *outline* message followed by one message
 per packed micro-batch, so the bytes in flight are bounded by micro-batches, not by the global batch:
 
-- the outline (``KIND_TRAIN`` / ``KIND_VALIDATION``) carries no tensors: how many micro-batch messages follow
-  and, for a training step, their supervised slots and how many have any (what the trainer needs before its
-  first backward);
+- the outline (``KIND_TRAIN`` / ``KIND_VALIDATION``) carries no micro-batch: how many micro-batch messages
+  follow and, for a training step, their supervised slots, how many have any, and a table of the step's
+  supervised rows per sequence and block slot (what the trainer needs before its first backward);
 - each micro-batch message (``KIND_BATCH``) carries one ``PackedBatch`` and its index in the step.
 
 Every message is:
 
 1. a fixed header, ``int64[HEADER_LEN]``: magic, kind, step, epoch, step in epoch, number of batches, index,
-   count, supervised slots, active micro-batches, and the sender's peak bytes in flight so far;
-2. a layout, ``int64[num_batches * NUM_FIELDS * 4]``: per batch and per ``PackedBatch`` field (in its wire
+   count, supervised slots, active micro-batches, the sender's peak bytes in flight so far, and the slot-count
+   table's rows and columns (0 and 0 without a table);
+2. an outline's slot-count table, ``int64[rows, columns]``: per sequence its dataset index, then its
+   supervised rows per block slot;
+3. a layout, ``int64[num_batches * NUM_FIELDS * 4]``: per batch and per ``PackedBatch`` field (in its wire
    order), the dtype code, the number of dimensions and two dimension sizes;
-3. the payload: every non-empty field tensor of every batch, in that order, received straight into buffers of
+4. the payload: every non-empty field tensor of every batch, in that order, received straight into buffers of
    the announced shape and dtype (empty tensors are not sent at all).
 
 Transfers use ``torch.distributed`` point-to-point ops (gloo on CPU, NCCL on GPU, so buffers live on the
@@ -35,7 +38,7 @@ from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.streaming.watchdog import PeerFailure, wait_for
 
 MAGIC = 0x5D5B_A7C4
-HEADER_LEN = 11
+HEADER_LEN = 13
 FIELD_NAMES = [f.name for f in fields(PackedBatch)]
 NUM_FIELDS = len(FIELD_NAMES)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.int64: 3, torch.int32: 4, torch.bool: 5}
@@ -72,7 +75,8 @@ class StreamPlan:
 @dataclass
 class StreamMessage:
     """One message: an outline (``batches`` empty, ``count`` micro-batch messages follow) or one micro-batch
-    (``index`` in its step). ``peak_in_flight`` is the sender's peak bytes queued or being sent so far."""
+    (``index`` in its step). ``peak_in_flight`` is the sender's peak bytes queued or being sent so far;
+    ``slot_table`` (outlines of training steps) the ``[sequences, 1 + block_size]`` slot-count table."""
 
     kind: int
     step: int
@@ -85,18 +89,32 @@ class StreamMessage:
     active: int = 0
     peak_in_flight: int = 0
     wire_bytes: int = 0
+    slot_table: Optional[torch.Tensor] = None
 
     def header(self) -> list[int]:
+        rows, columns = (0, 0) if self.slot_table is None else tuple(self.slot_table.shape)
         return [
             MAGIC, self.kind, self.step, self.epoch, self.step_in_epoch, len(self.batches), self.index, self.count,
-            self.supervised, self.active, self.peak_in_flight,
+            self.supervised, self.active, self.peak_in_flight, rows, columns,
         ]
 
+    def slot_counts(self) -> dict[int, torch.Tensor]:
+        """The slot-count table as ``{dataset index: [block_size] supervised rows per slot}`` (empty without)."""
+        if self.slot_table is None:
+            return {}
+        table = self.slot_table.cpu()
+        return {int(row[0]): row[1:].clone() for row in table}
 
-def outline(kind: int, step: int, epoch: int, step_in_epoch: int, supervised: list[int]) -> StreamMessage:
-    """The outline of a step whose micro-batches have ``supervised`` slots each."""
+
+def outline(kind: int, step: int, epoch: int, step_in_epoch: int, supervised: list[int],
+            slot_counts: Optional[dict[int, torch.Tensor]] = None) -> StreamMessage:
+    """The outline of a step whose micro-batches have ``supervised`` slots each and whose sequences have
+    ``slot_counts`` supervised rows per block slot."""
+    table = None
+    if slot_counts:
+        table = torch.stack([torch.cat([torch.tensor([key]), counts.long().cpu()]) for key, counts in slot_counts.items()])
     return StreamMessage(kind, step, epoch, step_in_epoch, count=len(supervised), supervised=sum(supervised),
-                         active=sum(1 for n in supervised if n > 0))
+                         active=sum(1 for n in supervised if n > 0), slot_table=table)
 
 
 def _layout(batches: list[PackedBatch]) -> list[int]:
@@ -117,6 +135,8 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _parts(message: StreamMessage, device: torch.device) -> list[torch.Tensor]:
     parts = [torch.tensor(message.header(), dtype=torch.int64, device=device)]
+    if message.slot_table is not None:
+        parts.append(message.slot_table.to(device=device, dtype=torch.int64).contiguous())
     if message.batches:
         parts.append(torch.tensor(_layout(message.batches), dtype=torch.int64, device=device))
     for batch in message.batches:
@@ -127,8 +147,9 @@ def _parts(message: StreamMessage, device: torch.device) -> list[torch.Tensor]:
 def message_bytes(message: StreamMessage) -> int:
     """Bytes ``send_message`` puts on the wire for ``message``."""
     layout = len(message.batches) * NUM_FIELDS * 4 if message.batches else 0
+    table = 0 if message.slot_table is None else message.slot_table.numel()
     tensors = sum(_nbytes(t) for batch in message.batches for t in batch.tensors().values())
-    return 8 * (HEADER_LEN + layout) + tensors
+    return 8 * (HEADER_LEN + table + layout) + tensors
 
 
 def send_message(message: StreamMessage, dst: int, device: torch.device, timeout_s: float, peer: str) -> int:
@@ -151,8 +172,12 @@ def recv_message(src: int, device: torch.device, timeout_s: float, peer: str) ->
     header = _recv(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), src, timeout_s, peer).tolist()
     if header[0] != MAGIC:
         raise PeerFailure(f"{peer} sent a malformed stream header {header} (mismatched protocol or ranks)")
-    kind, step, epoch, step_in_epoch, num_batches, index, count, supervised, active, peak = header[1:]
+    kind, step, epoch, step_in_epoch, num_batches, index, count, supervised, active, peak, rows, columns = header[1:]
     wire_bytes = 8 * HEADER_LEN
+    table = None
+    if rows:
+        table = _recv(torch.empty(rows, columns, dtype=torch.int64, device=device), src, timeout_s, peer)
+        wire_bytes += 8 * rows * columns
     batches = []
     if num_batches:
         layout = torch.empty(num_batches * NUM_FIELDS * 4, dtype=torch.int64, device=device)
@@ -171,7 +196,8 @@ def recv_message(src: int, device: torch.device, timeout_s: float, peer: str) ->
             batches.append(PackedBatch(**tensors))
         for work in pending:
             wait_for(work, timeout_s, peer, "send a stream message")
-    return StreamMessage(kind, step, epoch, step_in_epoch, batches, index, count, supervised, active, peak, wire_bytes)
+    return StreamMessage(kind, step, epoch, step_in_epoch, batches, index, count, supervised, active, peak, wire_bytes,
+                         table)
 
 
 def send_ints(values: list[int], dst: int, device: torch.device, timeout_s: float, peer: str) -> None:

@@ -2,7 +2,9 @@
 
 The drafter's kind record (``kinds``) supplies what differs between kinds: the per-slot position weights
 (DSpark/DFlash ``exp(-(k-1)/gamma_decay)``, EAGLE-3 ``ttt_decay ** k``), the draft-vocabulary map and the Markov
-factor; Markov rows and confidence logits come with the drafter's output when it has those heads.
+factor; Markov rows and confidence logits come with the drafter's output when it has those heads. The loss
+switches of ``cfg.loss`` (distance term) are passed through; ``normalizer`` is the step's supervised-slot count
+or, for per-sequence normalisation, one denominator per supervised row (``training.loss_normalizers``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ def batch_loss(
     batch: PackedBatch,
     cfg: RecipeConfig,
     target_head_weight: torch.Tensor,
-    normalizer: float,
+    normalizer: float | torch.Tensor,
     attention: str,
 ) -> BatchLoss:
     """Forward ``model`` (possibly wrapped) on ``batch`` and compute the weighted CE + TV + confidence loss."""
@@ -58,6 +60,7 @@ def batch_loss(
         alpha_ce=cfg.loss.alpha_ce,
         alpha_tv=cfg.loss.alpha_tv,
         alpha_conf=cfg.loss.alpha_conf,
+        distance=cfg.loss.distance,
         chunk_size=cfg.loss.chunk_size,
         normalizer=normalizer,
     )

@@ -20,7 +20,7 @@ count before ``build_chunk`` runs the target.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Optional, Protocol, Sequence
 
 import torch
@@ -28,7 +28,7 @@ import torch
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import (
-    BlockGroup, SequenceItem, build_packed_batch, count_supervised, plan_micro_batches,
+    BlockGroup, SequenceItem, build_packed_batch, plan_micro_batches, supervised_per_slot,
 )
 from deepspec_train.target.hidden_states import TargetTap
 
@@ -55,11 +55,34 @@ class StepBatches:
     num_active: int
     num_supervised: int
     batches: Iterable[PackedBatch]
+    # Per sequence (dataset index) of the step, its supervised rows per block slot over all the step's
+    # micro-batches (``[block_size]`` int64): what a per-sequence loss normaliser needs before the first backward.
+    slot_counts: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls, batches: list[PackedBatch]) -> "StepBatches":
         supervised = [b.num_supervised for b in batches]
-        return cls(len(batches), sum(1 for n in supervised if n > 0), sum(supervised), batches)
+        return cls(len(batches), sum(1 for n in supervised if n > 0), sum(supervised), batches,
+                   merge_slot_counts(batch_slot_counts(b) for b in batches))
+
+
+def batch_slot_counts(batch: PackedBatch) -> dict[int, torch.Tensor]:
+    """Per sequence (dataset index) of ``batch``, its supervised rows per block slot."""
+    counts: dict[int, torch.Tensor] = {}
+    sequence_of_block = batch.sample_ids[batch.block_seq].cpu()
+    per_block = batch.supervised_mask.cpu().long()
+    for sample_id in torch.unique(sequence_of_block).tolist():
+        counts[sample_id] = per_block[sequence_of_block == sample_id].sum(0)
+    return counts
+
+
+def merge_slot_counts(parts: Iterable[dict[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    """Add per-slot count maps (a sequence split over several micro-batches or chunks sums its parts)."""
+    merged: dict[int, torch.Tensor] = {}
+    for part in parts:
+        for sample_id, counts in part.items():
+            merged[sample_id] = merged[sample_id] + counts if sample_id in merged else counts.clone()
+    return merged
 
 
 class FeatureSource(Protocol):
@@ -111,6 +134,8 @@ class ChunkPlan:
     anchors: list[torch.Tensor]
     groups: list[list[BlockGroup]]
     supervised: list[int]
+    # Per sequence (dataset index) of the chunk, its supervised rows per block slot (``[block_size]`` int64).
+    slot_counts: dict[int, torch.Tensor]
 
 
 @dataclass
@@ -199,15 +224,17 @@ class InProcessFeatureSource:
                 for row in rows
             ]
             groups = plan_micro_batches(anchors, spec.block_size, spec.token_budget)
-            supervised = [
-                sum(
-                    count_supervised(_input_ids(rows[g.item]), _loss_mask(rows[g.item]), g.anchors, spec.block_size,
-                                     spec.label_convention)
-                    for g in batch_groups
-                )
-                for batch_groups in groups
-            ]
-            plans.append(ChunkPlan(rows, anchors, groups, supervised))
+            supervised, slot_counts = [], {}
+            for batch_groups in groups:
+                total = 0
+                for g in batch_groups:
+                    per_slot = supervised_per_slot(_input_ids(rows[g.item]), _loss_mask(rows[g.item]), g.anchors,
+                                                   spec.block_size, spec.label_convention)
+                    total += int(per_slot.sum())
+                    sample_id = int(rows[g.item]["sample_id"])
+                    slot_counts[sample_id] = slot_counts.get(sample_id, 0) + per_slot
+                supervised.append(total)
+            plans.append(ChunkPlan(rows, anchors, groups, supervised, slot_counts))
         return plans
 
     def build_chunk(self, chunk: ChunkPlan) -> list[PackedBatch]:

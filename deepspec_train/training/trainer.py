@@ -4,8 +4,9 @@ periodic validation and checkpoints, per-position metrics.
 The trainer only sees a feature source (``training.feature_source.FeatureSource``: per step, the counts of its
 ``PackedBatch`` micro-batches, then the micro-batches one at a time), a drafter module and the frozen target
 LM-head weight; it does not know whether features were computed in-process or streamed. Each micro-batch's loss
-is divided by the step's supervised slots over all drafter ranks before its backward, so the step's gradient is
-the same however the step's micro-batches are split over ranks or messages. How gradients meet is the engine's business (``training.local_engine``: one
+is divided, before its backward, by the step's supervised slots over all drafter ranks (``loss.normalizer=token``)
+or row by row by its sequence's weight over the step (``sequence``; ``training.loss_normalizers``), so the
+step's gradient is the same however the step's micro-batches are split over ranks or messages. How gradients meet is the engine's business (``training.local_engine``: one
 flat all-reduce and torch clipping for ``train.distributed=ddp``; ``training.deepspeed_engine``: ZeRO-2 over the
 drafter ranks); the optimizer, the LR curve and the checkpoint files are the same for both.
 """
@@ -35,6 +36,7 @@ from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, 
 from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
 from deepspec_train.training.feature_source import FeatureSource, StepBatches
 from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
+from deepspec_train.training.loss_normalizers import step_normalizers
 from deepspec_train.training.lr_schedule import warmup_cosine
 
 log = get_logger("deepspec_train.trainer")
@@ -119,7 +121,8 @@ class DrafterTrainer:
     def _accumulate(self, step: StepBatches, stats: PositionStats) -> tuple[float, dict[str, float]]:
         """Forward/backward every micro-batch of one optimizer step, each as it comes (a streamed step's batches
         arrive one by one); returns the step loss and loss parts."""
-        normalizer = max(all_reduce_sum(float(step.num_supervised), self.ctx), 1.0)
+        normalizers = step_normalizers(step, self.cfg, self.engine.forward_module, self.ctx)
+        normalizer = normalizers.tokens
         total = {"loss": 0.0, "ce": 0.0, "tv": 0.0, "conf": 0.0}
         padding = self.engine.plan_step(step.num_active)
         # Backward calls spent on padding: the cost of uneven micro-batch counts across drafter ranks.
@@ -129,7 +132,7 @@ class DrafterTrainer:
             first = batch if first is None else first
             if batch.num_supervised == 0:
                 continue
-            result = self._forward_loss(batch, normalizer)
+            result = self._forward_loss(batch, normalizers.rows(batch))
             self.engine.backward(result.loss.loss)
             out = result.loss
             total["loss"] += float(out.loss.detach())
@@ -145,7 +148,7 @@ class DrafterTrainer:
             total[key] = all_reduce_sum(total[key], self.ctx)
         return total["loss"], {f"train/{k}": v for k, v in total.items()} | {"train/supervised_tokens": normalizer}
 
-    def _forward_loss(self, batch: PackedBatch, normalizer: float):
+    def _forward_loss(self, batch: PackedBatch, normalizer: float | torch.Tensor):
         """The engine's forward module on ``batch`` and its loss, under autocast when the engine asks for it."""
         engine = self.engine
         with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=engine.autocast_bf16):

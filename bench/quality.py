@@ -1,0 +1,288 @@
+"""Drafter quality at matched draft cost: DSpark against DFlash and EAGLE-3, trained alike, decoded alike.
+
+    python bench/quality.py --tinyworld artifacts/tinyworld --out runs/quality
+    python bench/quality.py --out runs/quality --reuse            # evaluate runs trained earlier
+    python bench/quality.py --override tiny-dspark:drafter.num_layers=5 --steps 300   # an ablation
+
+1. Trains every recipe (default ``tiny-dspark tiny-dflash tiny-eagle3``; the first is the reference the others
+   are compared with) on the tiny world with one budget (``--steps``, default the recipes') and one data order
+   (the recipes share ``run.seed``, which alone fixes the sequence order and the anchors), one after the other.
+2. Decodes the built-in suites (code, prose, math) with the exact speculative decoder at each temperature
+   (default 1 and 0; ``--seeds`` sampling seeds at T > 0), all drafters interleaved prompt by prompt.
+3. Prints, per temperature and category, each drafter's tau and the reference's tau ratio against every other
+   drafter with a paired bootstrap over prompts (standard error and 95% interval), their geometric mean over the
+   categories, and each drafter's draft cost: sequential layer passes per round and measured draft ms per round.
+4. For a reference with a confidence head: fits sequential temperature scaling on the validation conversations'
+   prompts (decoded at T = 1) and reports, on the suites' T = 1 rounds (held out from the fit), ECE of cumulative
+   survival and AUROC per position (``deepspec_train.calibration.heldout``).
+
+Writes ``OUT/quality.md`` (the tables), ``OUT/quality.json`` (every number), ``OUT/traces/*.jsonl`` (every
+temperature, and the calibration prompts' rounds), each run's ``OUT/RECIPE/eval/{results.json,traces.jsonl}`` at the
+first temperature (what ``deepspec eval`` writes, so ``deepspec compare`` / ``calibrate`` / ``simulate`` read them)
+and a W&B run (offline unless ``WANDB_MODE`` says otherwise; group = the target's name, like the training runs).
+Nothing is selected on the suites: recipes are chosen on validation data (``--on validation`` decodes the
+validation conversations' prompts, one category each, instead of the suites), the suites only report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from deepspec_train.calibration.cli import survival_arrays  # noqa: E402
+from deepspec_train.calibration.heldout import (  # noqa: E402
+    HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
+)
+from deepspec_train.evaluation.quality_bench import (  # noqa: E402
+    BenchDrafter, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios, tau_by_category,
+    tau_table, totals_by_category,
+)
+from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
+from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
+from deepspec_train.export.loader import load_exported_drafter  # noqa: E402
+from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
+
+DEFAULT_RECIPES = ("tiny-dspark", "tiny-dflash", "tiny-eagle3")
+GOAL_RATIO = 1.25
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tinyworld", default="artifacts/tinyworld")
+    p.add_argument("--out", default="runs/quality")
+    p.add_argument("--recipes", nargs="+", default=list(DEFAULT_RECIPES), help="the first is the reference")
+    p.add_argument("--steps", type=int, default=None, help="training steps for every recipe (default: the recipes')")
+    p.add_argument("--override", action="append", default=[], metavar="RECIPE:KEY=VALUE",
+                   help="a recipe override for one recipe; repeatable")
+    p.add_argument("--override-all", action="append", default=[], metavar="KEY=VALUE",
+                   help="a recipe override for every recipe (the shared budget and data); repeatable")
+    p.add_argument("--reuse", action="store_true", help="evaluate OUT/RECIPE/drafter when it exists, do not train")
+    p.add_argument("--on", choices=("suites", "validation"), default="suites",
+                   help="report on the built-in suites, or select on the validation conversations' prompts")
+    p.add_argument("--prompts", type=int, default=None, help="first N prompts of each suite (default: all)")
+    p.add_argument("--new-tokens", type=int, default=96, help="new tokens per answer")
+    p.add_argument("--seeds", type=int, default=2, help="sampling seeds at T > 0 (prompts pooled over seeds)")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
+    p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates")
+    p.add_argument("--calibration-prompts", type=int, default=None, help="validation prompts for the STS fit")
+    p.add_argument("--threads", type=int, default=1, help="torch threads while decoding (tiny models: 1 is fastest)")
+    p.add_argument("--no-wandb", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def recipe_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
+    for override in args.override_all:
+        if "=" not in override:
+            raise SystemExit(f"--override-all {override!r}: expected KEY=VALUE")
+    per_recipe: dict[str, list[str]] = {r: list(args.override_all) for r in args.recipes}
+    for item in args.override:
+        recipe, sep, override = item.partition(":")
+        if not sep or recipe not in per_recipe or "=" not in override:
+            raise SystemExit(f"--override {item!r}: expected RECIPE:KEY=VALUE with RECIPE one of {args.recipes}")
+        per_recipe[recipe].append(override)
+    return per_recipe
+
+
+def train(recipe: str, overrides: list[str], args: argparse.Namespace, world: Path, out: Path) -> dict[str, float]:
+    """Train one recipe into ``out`` (a subprocess, exactly as a user runs it); returns its wall seconds and CPU
+    seconds (user + system of the subprocess: on a shared machine the better guide to its time alone)."""
+    steps = [] if args.steps is None else [f"train.max_steps={args.steps}"]
+    every = args.steps or 10**9
+    command = [
+        sys.executable, str(REPO / "train.py"), f"recipe={recipe}", f"target.path={world / 'target'}",
+        f"data.train=[{world / 'conversations' / 'train.jsonl'}]",
+        f"data.validation=[{world / 'conversations' / 'validation.jsonl'}]",
+        # A rerun into the same --out starts each run over (the old one is moved aside, nothing is deleted).
+        f"run.output_dir={out}", "run.overwrite=true", *steps, f"train.eval_every={every}",
+        f"train.checkpoint_every={every}",
+        f"logging.progress={str(not args.no_progress).lower()}", *overrides,
+    ]
+    print("train:", " ".join(command[1:]), flush=True)
+    start, before = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(command, check=True, cwd=REPO)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": time.time() - start, "cpu_s": cpu}
+
+
+def calibration_suite(world: Path, limit: int | None) -> Suite:
+    """The user turns of the validation conversations (held out from the suites and from training)."""
+    prompts = []
+    with open(world / "conversations" / "validation.jsonl", encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            turns = tuple(m["content"] for m in row["messages"] if m["role"] == "user")
+            prompts.append(SuitePrompt(id=str(row["id"]), category=str(row.get("category", "validation")), turns=turns))
+    return Suite(name="calibration", prompts=tuple(prompts[:limit]))
+
+
+def validation_suites(world: Path, limit: int | None) -> list[Suite]:
+    """The validation prompts as one suite per category (for selecting recipes without touching the suites)."""
+    by_category: dict[str, list[SuitePrompt]] = {}
+    for prompt in calibration_suite(world, None).prompts:
+        by_category.setdefault(prompt.category, []).append(prompt)
+    return [Suite(name=f"validation-{c}", prompts=tuple(p[:limit])) for c, p in sorted(by_category.items())]
+
+
+def confidence_report(args, target, tokenizer, reference: BenchDrafter, world: Path, out: Path, test_rows) -> dict:
+    """STS fit on validation prompts at T = 1, scored on the suites' T = 1 rounds of the reference."""
+    suite = calibration_suite(world, args.calibration_prompts)
+    fit_rows = decode_interleaved(target, tokenizer, [reference], [suite], 1.0, list(range(args.seeds)),
+                                  args.new_tokens, not args.no_progress)[reference.name]
+    write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)
+    write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)
+    report = held_out_confidence(survival_arrays(fit_rows), survival_arrays(test_rows))
+    bound = conditional_auroc_bound(test_rows, len(report.counts))
+    return report.to_dict() | {"prompts": len(suite.prompts), "auroc_bound": bound}
+
+
+def log_to_wandb(args, world: Path, out: Path, report: dict, tables: dict[str, tuple[list, list]]) -> None:
+    from deepspec_train.config.schema import LoggingConfig
+    from deepspec_train.metrics.sinks import WandbSink, wandb_labels
+
+    cfg = LoggingConfig()
+    # The training runs' group (the target's name), so the table sits next to the runs it compares.
+    group = wandb_labels(cfg, {"target": {"path": str(world / "target")}})[0]
+    sink = WandbSink(cfg.wandb_project, f"quality-{'-'.join(args.recipes)}", report["settings"],
+                     mode=cfg.wandb_mode, dir=out, group=group,
+                     tags=["bench:quality", *(f"recipe:{r}" for r in args.recipes)], job_type="quality-bench")
+    for name, (columns, rows) in tables.items():
+        sink.log_table(name, columns, rows, step=0)
+    sink.finish()
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    world, out = Path(args.tinyworld).resolve(), Path(args.out).resolve()
+    if not (world / "build_report.json").is_file():
+        raise SystemExit(f"{world}: no tiny world (build one: deepspec tinyworld build --out {world})")
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = recipe_overrides(args)
+    train_seconds = {}
+    for recipe in args.recipes:
+        run = out / recipe
+        if args.reuse and (run / "drafter").is_dir():
+            continue
+        train_seconds[recipe] = train(recipe, overrides[recipe], args, world, run)
+
+    torch.set_num_threads(args.threads)
+    target_path = world / "target"
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    drafters = [BenchDrafter.of(r, load_exported_drafter(out / r / "drafter", str(target_path))) for r in args.recipes]
+    if args.on == "validation":
+        suites = validation_suites(world, args.prompts)
+    else:
+        suites = [load_suite(f"tinyworld:{name}", str(world), args.prompts) for name in TINYWORLD_SUITES]
+    reference, others = args.recipes[0], args.recipes[1:]
+
+    report: dict = {"settings": {**vars(args), "tinyworld": str(world)}, "temperatures": {}, "drafters": {}}
+    tables: dict[str, tuple[list, list]] = {}
+    rows_at: dict[float, dict[str, list[dict]]] = {}
+    for temperature in args.temperatures:
+        seeds = list(range(args.seeds)) if temperature > 0 else [0]
+        conversations: dict[str, list[ConversationStats]] = {}
+        rows = decode_interleaved(target, tokenizer, drafters, suites, temperature, seeds, args.new_tokens,
+                                  not args.no_progress, conversations)
+        rows_at[temperature] = rows
+        for d in drafters:
+            write_traces(out / "traces" / f"{d.name}_T{temperature:g}.jsonl", rows[d.name])
+            if temperature == args.temperatures[0]:
+                # The run's eval/results.json, as `deepspec eval` writes it: `deepspec compare RUN ...` reads it.
+                header = {"target": str(target_path), "drafter": str(out / d.name / "drafter"),
+                          "drafter_kind": d.loaded.kind, "block_size": d.block_size, "temperature": temperature,
+                          "max_new_tokens": args.new_tokens, "seeds": seeds}
+                results = build_results(rows[d.name], conversations[d.name], d.block_size, header)
+                (out / d.name / "eval").mkdir(parents=True, exist_ok=True)
+                (out / d.name / "eval" / "results.json").write_text(json.dumps(results, indent=2))
+                write_traces(out / d.name / "eval" / "traces.jsonl", rows[d.name])
+        totals = totals_by_category(rows)
+        ratios = paired_ratios(totals, reference, others, args.bootstrap, seed=0)
+        tables[f"tau_T{temperature:g}"] = tau_table(totals, args.recipes, ratios)
+        report["temperatures"][f"{temperature:g}"] = {
+            "tau": tau_by_category(totals),
+            "prompts_per_category": {c: int(next(iter(t.values())).emitted.size) for c, t in totals.items()},
+            "seeds": seeds,
+            "ratios": {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()} for (a, b), per in ratios.items()},
+        }
+
+    first = rows_at[args.temperatures[0]]
+    cost_rows = []
+    for d in drafters:
+        summary_path = out / d.name / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+        timing = draft_ms_per_round(first[d.name], args.bootstrap, seed=1)
+        wall = draft_ms_per_round(first[d.name], args.bootstrap, seed=1, field="draft_seconds")
+        entry = {"kind": d.loaded.kind, "sequential_layer_passes": d.sequential_layer_passes(),
+                 "draft_ms_per_round": timing.to_dict(), "draft_wall_ms_per_round": wall.to_dict(),
+                 "val_expected_len": expected_length(summary), "train": train_seconds.get(d.name)}
+        report["drafters"][d.name] = entry
+        el, trained = entry["val_expected_len"], entry["train"]
+        cost_rows.append([d.name, d.loaded.kind, str(entry["sequential_layer_passes"]),
+                          f"{timing.value:.3f} [{timing.low:.3f}, {timing.high:.3f}]",
+                          f"{wall.value:.3f} [{wall.low:.3f}, {wall.high:.3f}]", "-" if el is None else f"{el:.3f}",
+                          "-" if trained is None else f"{trained['wall_s']:.0f} / {trained['cpu_s']:.0f}"])
+    tables["draft_cost"] = (["drafter", "kind", "sequential layer passes / round",
+                             f"draft CPU ms / round (T={args.temperatures[0]:g}) [95% CI]", "draft wall ms / round",
+                             "val E[L]", "training wall / CPU s"], cost_rows)
+
+    ref = drafters[0]
+    if getattr(ref.loaded.module, "confidence_head", None) is not None and 1.0 in rows_at and args.on == "suites":
+        report["confidence"] = confidence_report(args, target, tokenizer, ref, world, out, rows_at[1.0][ref.name])
+
+    text = render(args, report, tables)
+    (out / "quality.md").write_text(text + "\n")
+    (out / "quality.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print(text)
+    if not args.no_wandb and os.environ.get("WANDB_MODE", "offline") != "disabled":
+        log_to_wandb(args, world, out, report, tables)
+    return 0
+
+
+def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list, list]]) -> str:
+    ref = args.recipes[0]
+    lines = [f"# Drafter quality: {ref} against {', '.join(args.recipes[1:])} (on the {args.on} prompts)", ""]
+    for t in args.temperatures:
+        info = report["temperatures"][f"{t:g}"]
+        counts = ", ".join(f"{c} {n}" for c, n in sorted(info["prompts_per_category"].items()))
+        lines += [f"## tau at T = {t:g} ({counts} prompts x {len(info['seeds'])} seed(s), {args.new_tokens} new "
+                  "tokens; paired bootstrap over prompts, 95% interval)", "", markdown(*tables[f"tau_T{t:g}"]), ""]
+    lines += ["## Draft cost", "", markdown(*tables["draft_cost"]), ""]
+    first = report["temperatures"][f"{args.temperatures[0]:g}"]["ratios"]
+    ref_cost = report["drafters"][ref]
+    for other in args.recipes[1:]:
+        g = first[f"{ref}/{other}"]["geomean"]
+        o_cost = report["drafters"][other]
+        matched = (ref_cost["sequential_layer_passes"] <= o_cost["sequential_layer_passes"]
+                   and ref_cost["draft_ms_per_round"]["value"] <= o_cost["draft_ms_per_round"]["value"])
+        goal = g["value"] >= GOAL_RATIO and (g["low"] > 1.0 or g["high"] < 1.0)
+        lines.append(f"- {ref} / {other} at T = {args.temperatures[0]:g}: geomean "
+                     f"{g['value']:.3f} [{g['low']:.3f}, {g['high']:.3f}]; >= {GOAL_RATIO} with the interval "
+                     f"excluding 1: {'yes' if goal else 'no'}; draft cost at most {other}'s (layer passes and ms): "
+                     f"{'yes' if matched else 'no'}")
+    if "confidence" in report:
+        c = report["confidence"]
+        lines += ["", f"## Confidence head of {ref} (STS fit on {c['fit_rounds']} rounds of {c['prompts']} validation "
+                  f"prompts, scored on {c['test_rounds']} held-out suite rounds at T = 1)", "", "```",
+                  *summary_lines(HeldOutConfidence(**{k: v for k, v in c.items() if k not in ("prompts", "auroc_bound")})),
+                  "```", "", "AUROC ceiling per position (c*_k of the drafted prefix against acceptance, same rounds): "
+                  + " ".join(f"{b:.3f}" for b in c["auroc_bound"])]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

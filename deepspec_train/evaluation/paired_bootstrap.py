@@ -1,0 +1,122 @@
+"""Paired bootstrap over prompts for ratios of tau (tokens per verification round) between two drafters.
+
+Every drafter decodes the same prompts, so the drafters' per-prompt results are paired: one bootstrap replicate
+draws the prompts of each category with replacement once and recomputes every drafter's tau on that same draw.
+A category's tau is a ratio of sums, ``sum(emitted) / sum(rounds)`` over its prompts (so long answers weigh by
+their rounds, as in ``deepspec eval``'s report), and the tau ratio of drafters ``a`` and ``b`` is
+``tau_a / tau_b``. Across categories the summary is the geometric mean of the per-category ratios, computed per
+replicate from that replicate's category draws (categories are resampled independently: they are separate
+suites).
+
+Reported per ratio: the point estimate on the full sample, the standard error (standard deviation of the
+replicates) and a percentile interval. Draws come from a seeded numpy generator, so a run is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RatioEstimate:
+    """A ratio with its bootstrap standard error and ``level`` percentile interval ``[low, high]``."""
+
+    value: float
+    se: float
+    low: float
+    high: float
+
+    def excludes_one(self) -> bool:
+        return self.low > 1.0 or self.high < 1.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"value": self.value, "se": self.se, "low": self.low, "high": self.high}
+
+
+@dataclass(frozen=True)
+class PromptTotals:
+    """Per-prompt sums of one drafter in one category, aligned across drafters by prompt: ``emitted[n]`` tokens
+    over ``rounds[n]`` verification rounds."""
+
+    emitted: np.ndarray
+    rounds: np.ndarray
+
+    def tau(self, index: np.ndarray | slice = slice(None)) -> np.ndarray | float:
+        """tau of the prompts at ``index``: ``[R, n]`` indices give ``[R]`` replicate values."""
+        emitted, rounds = self.emitted[index], self.rounds[index]
+        return emitted.sum(axis=-1) / rounds.sum(axis=-1)
+
+
+def prompt_totals(emitted: Sequence[float], rounds: Sequence[float]) -> PromptTotals:
+    e, r = np.asarray(emitted, dtype=np.float64), np.asarray(rounds, dtype=np.float64)
+    if e.shape != r.shape or e.ndim != 1 or e.size == 0:
+        raise ValueError(f"emitted {e.shape} and rounds {r.shape} must be equal non-empty 1-d arrays")
+    if bool((r <= 0).any()):
+        raise ValueError("every prompt needs at least one verification round")
+    return PromptTotals(e, r)
+
+
+def _estimate(point: float, replicates: np.ndarray, level: float) -> RatioEstimate:
+    alpha = (1.0 - level) / 2.0
+    low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
+    return RatioEstimate(float(point), float(replicates.std(ddof=1)), float(low), float(high))
+
+
+def bootstrap_tau_ratios(
+    totals: Mapping[str, Mapping[str, PromptTotals]],
+    pairs: Sequence[tuple[str, str]],
+    replicates: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[tuple[str, str], dict[str, RatioEstimate]]:
+    """``{(a, b): {category: estimate, ..., "geomean": estimate}}`` of ``tau_a / tau_b``.
+
+    ``totals[category][drafter]`` holds that drafter's per-prompt totals; within a category every drafter must
+    have the same number of prompts (the same prompts, in the same order).
+    """
+    if replicates < 2:
+        raise ValueError(f"replicates must be >= 2, got {replicates}")
+    if not totals:
+        raise ValueError("no category to bootstrap")
+    rng = np.random.default_rng(seed)
+    categories = sorted(totals)
+    draws: dict[str, np.ndarray] = {}
+    for category in categories:
+        sizes = {name: t.emitted.size for name, t in totals[category].items()}
+        if len(set(sizes.values())) != 1:
+            raise ValueError(f"category {category}: drafters have different prompt counts {sizes}")
+        n = next(iter(sizes.values()))
+        draws[category] = rng.integers(0, n, size=(replicates, n))
+    out: dict[tuple[str, str], dict[str, RatioEstimate]] = {}
+    for a, b in pairs:
+        per_category: dict[str, RatioEstimate] = {}
+        log_points, log_replicates = [], []
+        for category in categories:
+            ta, tb = totals[category][a], totals[category][b]
+            point = ta.tau() / tb.tau()
+            reps = ta.tau(draws[category]) / tb.tau(draws[category])
+            per_category[category] = _estimate(point, reps, level)
+            log_points.append(math.log(point))
+            log_replicates.append(np.log(reps))
+        geomean = math.exp(sum(log_points) / len(log_points))
+        per_category["geomean"] = _estimate(geomean, np.exp(np.mean(log_replicates, axis=0)), level)
+        out[(a, b)] = per_category
+    return out
+
+
+def bootstrap_mean(values_per_prompt: Sequence[np.ndarray], replicates: int = 2000, seed: int = 0,
+                   level: float = 0.95) -> RatioEstimate:
+    """Mean over all rounds of a per-round quantity (e.g. draft seconds), resampling prompts: ``values_per_prompt``
+    holds each prompt's per-round values."""
+    sums = np.array([float(np.sum(v)) for v in values_per_prompt])
+    counts = np.array([float(len(v)) for v in values_per_prompt])
+    if counts.size == 0 or counts.sum() == 0:
+        raise ValueError("no round to average")
+    rng = np.random.default_rng(seed)
+    draw = rng.integers(0, counts.size, size=(replicates, counts.size))
+    reps = sums[draw].sum(axis=1) / np.maximum(counts[draw].sum(axis=1), 1.0)
+    return _estimate(sums.sum() / counts.sum(), reps, level)

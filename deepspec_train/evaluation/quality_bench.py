@@ -1,0 +1,191 @@
+"""The pieces of the drafter quality benchmark (``bench/quality.py``): interleaved exact decoding of the same
+prompts by several drafters, per-prompt totals, the paired tau ratios and the draft-cost columns.
+
+Decoding is interleaved: for each prompt every drafter decodes it in turn, so machine load (the benchmark
+machine is shared) falls on all drafters alike and their measured draft times stay comparable. Each
+(drafter, seed, prompt) decode gets its own generator seeded from (seed, suite, prompt index), so results do not
+depend on the order of the drafters or on how many there are. At temperature 0 decoding is greedy and one seed
+is enough.
+
+Draft cost of a round:
+
+- sequential layer passes: a parallel drafter (DSpark / DFlash) runs its ``N`` layers once over the whole block
+  (the Markov head's per-slot loop is a rank-``r`` product, not a layer); EAGLE-3 runs its layer once per drafted
+  token, ``1 x K``;
+- measured draft time: the time of the drafter's call in each round, as CPU time of the (single) decoding thread
+  (``RoundRecord.draft_cpu_seconds``: on a shared machine, wall time also counts the time other processes held the
+  cores) and as wall time. Both drafters do only what an engine would: EAGLE-3 steps through its KV cache, and
+  context keys / values are projected once per row and kept across the rounds of a conversation.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.evaluation.drafting import BlockDrafter
+from deepspec_train.evaluation.paired_bootstrap import (
+    PromptTotals, RatioEstimate, bootstrap_mean, bootstrap_tau_ratios, prompt_totals,
+)
+from deepspec_train.evaluation.report import ConversationStats
+from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
+from deepspec_train.evaluation.suites import Suite
+from deepspec_train.export.loader import LoadedDrafter
+from deepspec_train.formats.eval_traces import TraceRound
+from deepspec_train.kinds.registry import kind_spec
+
+
+@dataclass
+class BenchDrafter:
+    """One drafter in the benchmark: its display name, the loaded drafter and its drafting strategy."""
+
+    name: str
+    loaded: LoadedDrafter
+    drafter: BlockDrafter
+
+    @classmethod
+    def of(cls, name: str, loaded: LoadedDrafter) -> "BenchDrafter":
+        return cls(name, loaded, loaded.block_drafter())
+
+    @property
+    def block_size(self) -> int:
+        return self.drafter.max_block_size
+
+    def sequential_layer_passes(self) -> int:
+        """Decoder-layer passes one after the other per drafted block (see the module docstring), as the kind
+        counts them for a drafter of this many layers drafting ``block_size`` tokens."""
+        # A parallel drafter's layer stack is ``layers``; EAGLE-3 has its one ``midlayer``.
+        layers = len(getattr(self.loaded.module, "layers", ())) or 1
+        cfg = DrafterConfig(kind=self.loaded.kind, num_layers=layers, block_size=self.block_size,
+                            ttt_steps=self.block_size)
+        return kind_spec(self.loaded.kind).sequential_passes(cfg)
+
+
+def decode_seed(seed: int, suite: str, prompt_index: int) -> int:
+    """The generator seed of one (seed, suite, prompt) decode: independent of drafter order and count."""
+    return (seed * 1_000_003 + zlib.crc32(suite.encode()) * 7_919 + prompt_index) % (2**63 - 1)
+
+
+def decode_interleaved(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    drafters: Sequence[BenchDrafter],
+    suites: Sequence[Suite],
+    temperature: float,
+    seeds: Sequence[int],
+    max_new_tokens: int,
+    progress: bool = True,
+    conversations: Optional[dict[str, list[ConversationStats]]] = None,
+) -> dict[str, list[TraceRound]]:
+    """Trace rounds (what ``deepspec eval --save-traces`` writes, with their ``seed``) of every drafter on every
+    prompt; each decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when
+    given."""
+    rows: dict[str, list[TraceRound]] = {d.name: [] for d in drafters}
+    total = len(seeds) * sum(len(s.prompts) for s in suites)
+    with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
+              dynamic_ncols=True) as bar:
+        for seed in seeds:
+            for suite in suites:
+                for index, prompt in enumerate(suite.prompts):
+                    for d in drafters:
+                        generator = torch.Generator().manual_seed(decode_seed(seed, suite.name, index))
+                        decoder = SpeculativeDecoder(
+                            target, tokenizer, d.drafter, d.loaded.target_layer_ids, d.block_size, temperature,
+                            generator=generator, confidence_temperatures=d.loaded.confidence_temperatures,
+                        )
+                        turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
+                        rows[d.name].extend(r.trace(suite.name, prompt.category, prompt.id, seed)
+                                            for turn in turns for r in turn.rounds)
+                        if conversations is not None:
+                            conversations.setdefault(d.name, []).append(ConversationStats(
+                                suite.name, prompt.category, sum(len(t.tokens) for t in turns),
+                                sum(t.seconds for t in turns)))
+                    bar.update(1)
+    return rows
+
+
+def totals_by_category(rows: dict[str, list[TraceRound]]) -> dict[str, dict[str, PromptTotals]]:
+    """``{category: {drafter: per-prompt totals}}``, seeds pooled per prompt, prompts aligned across drafters."""
+    sums: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for name, drafter_rows in rows.items():
+        for r in drafter_rows:
+            per_prompt = sums.setdefault(r.category, {}).setdefault(name, {})
+            entry = per_prompt.setdefault(f"{r.suite}/{r.prompt_id}", [0.0, 0.0])
+            entry[0] += r.emitted
+            entry[1] += 1
+    out: dict[str, dict[str, PromptTotals]] = {}
+    for category, by_drafter in sums.items():
+        keys = sorted(set.union(*(set(p) for p in by_drafter.values())))
+        missing = {name: len(keys) - len(p) for name, p in by_drafter.items() if len(p) != len(keys)}
+        if missing or len(by_drafter) != len(rows):
+            raise ValueError(f"category {category}: drafters did not decode the same prompts ({missing})")
+        out[category] = {
+            name: prompt_totals([p[k][0] for k in keys], [p[k][1] for k in keys]) for name, p in by_drafter.items()
+        }
+    return out
+
+
+def tau_by_category(totals: dict[str, dict[str, PromptTotals]]) -> dict[str, dict[str, float]]:
+    return {category: {name: float(t.tau()) for name, t in by_drafter.items()} for category, by_drafter in totals.items()}
+
+
+def draft_ms_per_round(
+    rows: Iterable[TraceRound], replicates: int, seed: int, field: str = "draft_cpu_seconds"
+) -> RatioEstimate:
+    """Mean drafter time per round in milliseconds (``field``: the thread's CPU time, or ``draft_seconds`` for
+    wall time), with a bootstrap over prompts."""
+    per_prompt: dict[str, list[float]] = {}
+    for r in rows:
+        seconds = getattr(r, field)
+        if seconds is None:
+            raise ValueError(f"round {r.round} of prompt {r.prompt_id} has no {field} (a trace from before timing)")
+        per_prompt.setdefault(f"{r.suite}/{r.prompt_id}", []).append(1e3 * seconds)
+    return bootstrap_mean([np.asarray(v) for v in per_prompt.values()], replicates, seed)
+
+
+def ratio_cell(estimate: RatioEstimate) -> str:
+    return f"{estimate.value:.3f} [{estimate.low:.3f}, {estimate.high:.3f}] (se {estimate.se:.3f})"
+
+
+def tau_table(
+    totals: dict[str, dict[str, PromptTotals]],
+    names: Sequence[str],
+    ratios: dict[tuple[str, str], dict[str, RatioEstimate]],
+) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of one temperature's table: tau per drafter and each ratio, per category and geomean."""
+    pairs = list(ratios)
+    columns = ["category", *(f"tau {n}" for n in names), *(f"{a} / {b}" for a, b in pairs)]
+    taus = tau_by_category(totals)
+    body = []
+    for category in sorted(totals):
+        body.append([category, *(f"{taus[category][n]:.3f}" for n in names),
+                     *(ratio_cell(ratios[p][category]) for p in pairs)])
+    body.append(["geomean", *("" for _ in names), *(ratio_cell(ratios[p]["geomean"]) for p in pairs)])
+    return columns, body
+
+
+def markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def paired_ratios(
+    totals: dict[str, dict[str, PromptTotals]], reference: str, others: Sequence[str], replicates: int, seed: int,
+) -> dict[tuple[str, str], dict[str, RatioEstimate]]:
+    return bootstrap_tau_ratios(totals, [(reference, o) for o in others], replicates, seed)
+
+
+def expected_length(summary: Optional[dict]) -> Optional[float]:
+    """Validation E[L] from a training run's ``summary.json`` contents (None when absent)."""
+    if not summary:
+        return None
+    value = summary.get("val_metrics", {}).get("val/expected_len")
+    return None if value is None else float(value)

@@ -1,0 +1,201 @@
+"""The quality benchmark's statistics and pieces: paired bootstrap of tau ratios against exhaustive enumeration,
+held-out confidence metrics against direct formulas, and interleaved decoding with real (tiny) drafters."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deepspec_train.calibration.cli import TraceArrays
+from deepspec_train.calibration.heldout import conditional_auroc_bound, held_out_confidence
+from deepspec_train.calibration.temperature_scaling import sequential_temperature_scaling
+from deepspec_train.evaluation.paired_bootstrap import bootstrap_mean, bootstrap_tau_ratios, prompt_totals
+from deepspec_train.evaluation.quality_bench import (
+    BenchDrafter, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,
+)
+from deepspec_train.evaluation.suites import Suite, SuitePrompt
+from deepspec_train.formats.eval_traces import TraceRound, parse_round
+from deepspec_train.metrics.calibration import auroc, ece
+from tests.evaluator_fixtures import load_tiny_target, random_drafter
+
+
+def _exhaustive(a, b) -> np.ndarray:
+    """Every ordered resample of n prompts (n^n equally likely draws): the exact bootstrap distribution."""
+    n = len(a.emitted)
+    values = []
+    for draw in itertools.product(range(n), repeat=n):
+        idx = np.array(draw)
+        values.append((a.emitted[idx].sum() / a.rounds[idx].sum()) / (b.emitted[idx].sum() / b.rounds[idx].sum()))
+    return np.array(values)
+
+
+def test_paired_bootstrap_matches_the_exact_resampling_distribution() -> None:
+    a = prompt_totals([30, 12, 51, 20], [10, 6, 11, 9])
+    b = prompt_totals([25, 14, 40, 22], [10, 7, 12, 9])
+    exact = _exhaustive(a, b)
+    est = bootstrap_tau_ratios({"code": {"a": a, "b": b}}, [("a", "b")], replicates=60_000, seed=3)[("a", "b")]
+    point = (81 + 32) / 36 / ((79 + 22) / 38)
+    assert est["code"].value == pytest.approx(point)
+    assert est["code"].se == pytest.approx(exact.std(), rel=0.03)
+    assert est["code"].low == pytest.approx(np.quantile(exact, 0.025), abs=0.01)
+    assert est["code"].high == pytest.approx(np.quantile(exact, 0.975), abs=0.01)
+    # One category: the geometric mean is that category's ratio, replicate by replicate.
+    assert est["geomean"].value == pytest.approx(point) and est["geomean"].se == pytest.approx(est["code"].se)
+
+
+def test_pairing_cancels_prompt_difficulty() -> None:
+    """Identical drafters give a ratio of exactly 1 in every replicate, however different their prompts are."""
+    g = np.random.default_rng(0)
+    rounds = g.integers(5, 30, 40)
+    same = prompt_totals(rounds * g.uniform(1, 6, 40), rounds)
+    est = bootstrap_tau_ratios({"x": {"a": same, "b": same}, "y": {"a": same, "b": same}}, [("a", "b")], 500)
+    for e in est[("a", "b")].values():
+        assert (e.value, e.se, e.low, e.high) == (pytest.approx(1.0), pytest.approx(0.0), pytest.approx(1.0),
+                                                  pytest.approx(1.0))
+
+
+def test_geomean_and_errors() -> None:
+    a = prompt_totals([4, 6], [2, 2])
+    b = prompt_totals([2, 3], [2, 2])
+    c = prompt_totals([8, 8], [2, 2])
+    d = prompt_totals([4, 4], [2, 2])
+    est = bootstrap_tau_ratios({"p": {"a": a, "b": b}, "q": {"a": c, "b": d}}, [("a", "b")], 200)[("a", "b")]
+    assert est["geomean"].value == pytest.approx(math.sqrt(2.0 * 2.0))
+    assert est["geomean"].excludes_one()
+    with pytest.raises(ValueError, match="different prompt counts"):
+        bootstrap_tau_ratios({"p": {"a": a, "b": prompt_totals([1], [1])}}, [("a", "b")])
+    with pytest.raises(ValueError, match="at least one verification round"):
+        prompt_totals([1, 2], [1, 0])
+    mean = bootstrap_mean([np.array([1.0, 3.0]), np.array([2.0])], replicates=200)
+    assert mean.value == pytest.approx(2.0)
+
+
+def _traces(rng: np.random.Generator, n: int, k: int, skill: float) -> TraceArrays:
+    """Rounds whose acceptance follows the logits (a head with ranking skill ``skill``)."""
+    logits = rng.normal(1.0, 1.0, (n, k))
+    accept = rng.random((n, k)) < 1 / (1 + np.exp(-skill * logits))
+    survived = np.cumprod(accept, axis=1).astype(float)
+    drafted = rng.integers(1, k + 1, n)
+    valid = np.arange(1, k + 1)[None, :] <= drafted[:, None]
+    return TraceArrays(logits=logits, survived=survived * valid, valid=valid, skipped=0, suites=["synthetic"])
+
+
+def test_held_out_confidence_against_direct_formulas() -> None:
+    rng = np.random.default_rng(5)
+    fit, test = _traces(rng, 3000, 4, 1.5), _traces(rng, 2000, 4, 1.5)
+    report = held_out_confidence(fit, test)
+    temps = sequential_temperature_scaling(fit.logits, fit.survived, fit.valid).temperatures
+    assert report.temperatures == pytest.approx(temps)
+    conf = 1 / (1 + np.exp(-test.logits / np.array(temps)))
+    survival = np.cumprod(conf, axis=1)
+    for k in range(4):
+        rows = test.valid[:, k]
+        assert report.counts[k] == int(rows.sum())
+        assert report.ece[k] == pytest.approx(ece(survival[rows, k], test.survived[rows, k]))
+        assert report.auroc_cumulative[k] == pytest.approx(auroc(survival[rows, k], test.survived[rows, k]))
+        reached = rows if k == 0 else rows & (test.survived[:, k - 1] > 0.5)
+        assert report.auroc_conditional[k] == pytest.approx(auroc(test.logits[reached, k], test.survived[reached, k]))
+    # Outcomes drawn from the head's own logits: calibrated by construction, so the held-out ECE sits at the
+    # sampling-noise floor, and the floor shrinks with more rounds.
+    assert all(abs(e - f) < 0.02 for e, f in zip(report.ece, report.ece_floor))
+    big = held_out_confidence(fit, _traces(rng, 20000, 4, 1.5))
+    assert all(b < f for b, f in zip(big.ece_floor, report.ece_floor))
+    # A head that predicts acceptance ranks it: well above chance, on rounds it was not fitted on.
+    assert min(report.auroc_conditional) > 0.65
+    assert max(report.ece) < 0.05
+
+
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory, one_torch_thread):
+    return load_tiny_target(Path(tmp_path_factory.mktemp("target")))
+
+
+def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) -> None:
+    target, tokenizer = tiny_target
+    drafters = [BenchDrafter.of(kind, random_drafter(target, tokenizer, kind, seed=i))
+                for i, kind in enumerate(("dspark", "dflash", "eagle3"))]
+    suites = [Suite("code", (SuitePrompt("c1", "code", ("def f(x):",)), SuitePrompt("c2", "code", ("import os",)))),
+              Suite("prose", (SuitePrompt("p1", "prose", ("Tell me about",)),))]
+    conversations: dict = {}
+    rows = decode_interleaved(target, tokenizer, drafters, suites, 1.0, [0, 1], 12, False, conversations)
+    assert {name: len(c) for name, c in conversations.items()} == {"dspark": 6, "dflash": 6, "eagle3": 6}
+    alone = decode_interleaved(target, tokenizer, drafters[2:], suites, 1.0, [0, 1], 12, progress=False)
+    untimed = [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in rows["eagle3"]]
+    assert untimed == [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in alone["eagle3"]]
+    assert {r.seed for r in rows["dspark"]} == {0, 1}
+    totals = totals_by_category(rows)
+    assert sorted(totals) == ["code", "prose"] and totals["code"]["dspark"].emitted.size == 2
+    code_rows = [r for r in rows["dflash"] if r.category == "code"]
+    assert float(totals["code"]["dflash"].tau()) == pytest.approx(sum(r.emitted for r in code_rows) / len(code_rows))
+    ratios = bootstrap_tau_ratios(totals, [("dspark", "dflash"), ("dspark", "eagle3")], 100)
+    columns, body = tau_table(totals, ["dspark", "dflash", "eagle3"], ratios)
+    assert columns[-1] == "dspark / eagle3" and [row[0] for row in body] == ["code", "prose", "geomean"]
+    assert draft_ms_per_round(rows["eagle3"], 100, 0).value > 0
+    assert [d.sequential_layer_passes() for d in drafters] == [1, 1, drafters[2].block_size]
+    assert decode_seed(0, "code", 1) != decode_seed(0, "prose", 1) != decode_seed(1, "code", 1)
+
+
+def test_auroc_ceiling_uses_the_rounds_that_reached_each_position() -> None:
+    rows = [
+        TraceRound("s", "c", str(i), 0, 0, 3, accepted, accepted + 1, None, None, (1.0,) * 3, analytic_accept=c_star)
+        for i, (accepted, c_star) in enumerate([
+            (3, (0.9, 0.8, 0.7)), (0, (0.2, 0.5, 0.5)), (1, (0.6, 0.3, 0.9)), (2, (0.4, 0.9, 0.1))])
+    ]
+    bound = conditional_auroc_bound(rows, 3)
+    assert bound[0] == pytest.approx(auroc([0.9, 0.2, 0.6, 0.4], [1, 0, 1, 1]))
+    assert bound[1] == pytest.approx(auroc([0.8, 0.3, 0.9], [1, 0, 1]))
+    assert bound[2] == pytest.approx(auroc([0.7, 0.1], [1, 0]))
+
+
+def test_trace_rounds_keep_the_new_fields_and_old_traces_still_load() -> None:
+    """The analytic acceptance, draft timings and seed round-trip through the trace format; a line written before
+    they existed reads with them unset."""
+    old = {"suite": "s", "category": "c", "prompt_id": "p", "turn": 0, "round": 1, "drafted": 2, "accepted": 1,
+           "emitted": 2, "confidence_logits": None, "confidences": None, "target_accept_probs": [1.0, 0.5]}
+    legacy = parse_round(old)
+    assert (legacy.analytic_accept, legacy.draft_seconds, legacy.draft_cpu_seconds, legacy.seed) == (None,) * 4
+    new = dataclasses.replace(legacy, analytic_accept=(0.75, 0.5), draft_seconds=0.01, draft_cpu_seconds=0.005, seed=3)
+    assert parse_round(json.loads(json.dumps(dataclasses.asdict(new)))) == new
+    with pytest.raises(ValueError, match="analytic_accept has 1 entries for 2 drafted tokens"):
+        parse_round({**old, "analytic_accept": [0.5]})
+    with pytest.raises(ValueError, match="draft_seconds = -1 is negative"):
+        parse_round({**old, "draft_seconds": -1})
+
+
+
+@pytest.mark.slow
+def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path) -> None:
+    """``bench/quality.py`` as a user runs it: trains the three tiny recipes (a few steps, the `test` world's
+    shapes), decodes at T = 1 and 0, prints the tables, writes results, traces and an offline W&B run."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    mask_id = json.loads((tiny_world / "build_report.json").read_text())["mask_token_id"]
+    shared = ["train.global_batch_sequences=4", "train.micro_batch_sequences=2", "anchors.num_per_sequence=8",
+              f"drafter.mask_token_id={mask_id}", f"data.cache_dir={tmp_path / 'cache'}", "train.eval_sequences=8",
+              "logging.wandb=false"]
+    layer_ids = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]"}
+    command = [sys.executable, str(repo / "bench" / "quality.py"), "--tinyworld", str(tiny_world),
+               "--out", str(tmp_path / "q"), "--steps", "3", "--prompts", "2", "--new-tokens", "8", "--seeds", "2",
+               "--bootstrap", "50", "--calibration-prompts", "4", "--no-progress"]
+    command += [a for o in shared for a in ("--override-all", o)]
+    command += [a for r, ids in layer_ids.items() for a in ("--override", f"{r}:target.layer_ids={ids}")]
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "tiny-dspark / tiny-eagle3" in done.stdout and "## Draft cost" in done.stdout
+    report = json.loads((tmp_path / "q" / "quality.json").read_text())
+    assert set(report["temperatures"]) == {"1", "0"}
+    assert report["drafters"]["tiny-eagle3"]["sequential_layer_passes"] == 7
+    assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == 2
+    assert len(report["confidence"]["ece"]) == 7
+    assert (tmp_path / "q" / "tiny-dflash" / "eval" / "results.json").is_file()
+    assert list((tmp_path / "q").glob("wandb/offline-run-*"))
