@@ -8,8 +8,9 @@ alike; the script prints the median step times and their ratio (goal: DSpark / D
     python bench/head_overhead.py --shape qwen3-8b-slim  # Qwen3-8B vocabulary and head ratio, fewer layers
 
 Shapes: ``tiny`` has the tiny world's widths (d 128, V 4096) with a 2-layer, rank-32 drafter.
-``qwen3-8b-slim`` keeps what decides the heads' share of the step at Qwen3-8B scale -- V = 151,936 and r / d = 256 / 4096 -- at d = 1024
-(r = 64) and 2 layers so that it fits a 2-core CPU; on a GPU use ``--shape qwen3-8b`` (d 4096, 5 layers, r 256).
+``qwen3-8b-slim`` keeps what decides the heads' share of the step at Qwen3-8B scale -- V = 151,936 and
+r / d = 256 / 4096 -- at d = 1024 (r = 64) and 2 layers so that it fits a 2-core CPU; on a GPU use
+``--shape qwen3-8b`` (d 4096, 5 layers, r 256).
 """
 
 from __future__ import annotations
