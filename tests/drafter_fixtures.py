@@ -3,11 +3,14 @@ and the outputs a serving engine computes from a drafter."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 from deepspec_train.packing.packer import SequenceItem
 
@@ -108,3 +111,12 @@ def anchor_batch(context, anchors: torch.Tensor, width: int, fill_token: int) ->
         target_hidden=context.features.new_zeros(0, context.features.shape[-1]),
         sample_ids=torch.zeros(1, dtype=torch.long),
     )
+
+
+def use_dynamic_rope(module: torch.nn.Module, geometry: DrafterGeometry, rope: dict) -> None:
+    """Give a drafter ``rope`` scaling (dynamic kinds need ``max_position_embeddings``; 8 makes short tests reach
+    past the trained positions)."""
+    scaled = dataclasses.replace(geometry, rope_parameters={**rope, "rope_theta": geometry.rope_theta},
+                                 max_position_embeddings=8)
+    module.geometry, module.rotary = scaled, RotaryEmbedding.for_geometry(scaled)
+    assert module.rotary.dynamic

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -19,7 +18,6 @@ from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
-from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 
 MASK_ID = 1
@@ -385,15 +383,12 @@ def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
     training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once; with
     dynamic RoPE scaling too (every step rotates at the length the unroll uses), past the trained positions."""
     from deepspec_train.evaluation.drafting import DraftContext, Eagle3BlockDrafter
-    from tests.drafter_fixtures import anchor_batch
+    from tests.drafter_fixtures import anchor_batch, use_dynamic_rope
 
     block = 5
     drafter = make_drafter(block)
     if rope is not None:
-        geometry = dataclasses.replace(TINY, rope_parameters={**rope, "rope_theta": TINY.rope_theta},
-                                       max_position_embeddings=8)
-        drafter.geometry, drafter.rotary = geometry, RotaryEmbedding.for_geometry(geometry)
-        assert drafter.rotary.dynamic
+        use_dynamic_rope(drafter, TINY, rope)
     gen = torch.Generator().manual_seed(7)
     length = 13
     context = DraftContext(torch.randn(length, 3 * TINY.hidden_size, generator=gen),

@@ -7,7 +7,6 @@ reference, and decode-time drafting against teacher-forced slot logits on the dr
 
 from __future__ import annotations
 
-import dataclasses
 import pytest
 import torch
 
@@ -17,11 +16,11 @@ from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.losses.selected_logit_loss import selected_logit_loss
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.parallel_drafter import ParallelDrafter
-from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
 from tests.drafter_fixtures import (
     BLOCK, HIDDEN, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, anchor_batch, drafter_config, random_item, tiny_drafter,
+    use_dynamic_rope,
 )
 from tests.loss_reference import reference_loss
 
@@ -135,10 +134,7 @@ def test_drafting_equals_teacher_forced_logits_on_the_drafted_tokens(head_type: 
     tokens; with dynamic RoPE scaling too, past the trained positions (keys rotated for the round's length)."""
     model = _random_heads(tiny_drafter("dspark", markov_head_type=head_type))
     if rope is not None:
-        geometry = dataclasses.replace(TINY_GEOMETRY, rope_parameters={**rope, "rope_theta": TINY_GEOMETRY.rope_theta},
-                                       max_position_embeddings=8)
-        model.geometry, model.rotary = geometry, RotaryEmbedding.for_geometry(geometry)
-        assert model.rotary.dynamic
+        use_dynamic_rope(model, TINY_GEOMETRY, rope)
     g = torch.Generator().manual_seed(4)
     length = 12
     context = DraftContext(torch.randn(length, len(LAYER_IDS) * HIDDEN, generator=g),
