@@ -15,6 +15,7 @@ import pytest
 from deepspec_train.calibration.cli import TraceArrays
 from deepspec_train.calibration.heldout import conditional_auroc_bound, held_out_confidence
 from deepspec_train.calibration.temperature_scaling import sequential_temperature_scaling
+from deepspec_train.config.loader import load_recipe
 from deepspec_train.evaluation.paired_bootstrap import bootstrap_mean, bootstrap_tau_ratios, prompt_totals
 from deepspec_train.evaluation.quality_bench import (
     BenchDrafter, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,
@@ -23,6 +24,7 @@ from deepspec_train.evaluation.suites import Suite, SuitePrompt
 from deepspec_train.formats.eval_traces import TraceRound, parse_round
 from deepspec_train.metrics.calibration import auroc, ece
 from tests.evaluator_fixtures import load_tiny_target, random_drafter
+from tests.test_recipe_rules import world_overrides
 
 
 def _exhaustive(a, b) -> np.ndarray:
@@ -195,7 +197,8 @@ def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path
     report = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert set(report["temperatures"]) == {"1", "0"}
     assert report["drafters"]["tiny-eagle3"]["sequential_layer_passes"] == 7
-    assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == 2
+    recipe_layers = load_recipe("tiny-dspark", world_overrides(tiny_world, "tiny-dspark", tmp_path)).drafter.num_layers
+    assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == recipe_layers
     assert len(report["confidence"]["ece"]) == 7
     assert (tmp_path / "q" / "tiny-dflash" / "eval" / "results.json").is_file()
     assert list((tmp_path / "q").glob("wandb/offline-run-*"))

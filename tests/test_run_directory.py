@@ -55,9 +55,10 @@ def test_resume_refuses_a_run_of_another_identity(tiny_world, tmp_path) -> None:
     (tmp_path / "run" / "checkpoints" / "step_00000010").mkdir(parents=True)
     same = _cfg(tiny_world, tmp_path, "train.resume=auto", "logging.log_every=5", "train.stop_at_step=20")
     assert output_dir_problems(same) == []
-    other = _cfg(tiny_world, tmp_path, "train.resume=auto", "drafter.num_layers=3")
+    layers = first.drafter.num_layers
+    other = _cfg(tiny_world, tmp_path, "train.resume=auto", f"drafter.num_layers={layers + 1}")
     (problem,) = output_dir_problems(other)
-    assert "drafter.num_layers: 2 there, 3 here" in problem and "\n" not in problem
+    assert f"drafter.num_layers: {layers} there, {layers + 1} here" in problem and "\n" not in problem
     checkpoint = tmp_path / "run" / "checkpoints" / "step_00000010"
     (checkpoint / "trainer_state.json").write_text("{}")
     forked = _cfg(tiny_world, tmp_path / "fork", f"train.resume={checkpoint}", "anchors.num_per_sequence=4")
@@ -88,12 +89,12 @@ def test_an_identity_recorded_before_a_field_existed_reads_it_as_its_default(tin
 
 
 def test_a_start_that_failed_before_training_leaves_no_run(tiny_world, tmp_path) -> None:
-    claim_output_dir(_cfg(tiny_world, tmp_path, "drafter.num_layers=3"))
     cfg = _cfg(tiny_world, tmp_path)
+    claim_output_dir(_cfg(tiny_world, tmp_path, f"drafter.num_layers={cfg.drafter.num_layers + 1}"))
     assert output_dir_problems(cfg) == []
     claim_output_dir(cfg)
     recorded = json.loads((tmp_path / "run" / IDENTITY_FILE).read_text())["fields"]
-    assert recorded["drafter.num_layers"] == 2
+    assert recorded["drafter.num_layers"] == cfg.drafter.num_layers
 
 
 def test_overwrite_moves_the_old_run_aside(tiny_world, tmp_path) -> None:
@@ -122,7 +123,8 @@ def test_a_second_fresh_run_is_refused_and_the_first_kept(tiny_world, tmp_path) 
     assert second.returncode == 2 and len(lines) == 1 and "already holds a run" in lines[0], second.stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_text() == metrics
     identity = json.loads((tmp_path / "run" / IDENTITY_FILE).read_text())
-    assert identity["fields"]["drafter.num_layers"] == 2 and identity["identity"]
+    recipe_layers = load_recipe("tiny-dspark", world_overrides(tiny_world, "tiny-dspark", tmp_path)).drafter.num_layers
+    assert identity["fields"]["drafter.num_layers"] == recipe_layers and identity["identity"]
 
 
 def test_a_resume_sets_aside_the_records_it_will_log_again(tmp_path) -> None:
