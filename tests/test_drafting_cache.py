@@ -26,7 +26,8 @@ def test_cached_rounds_equal_uncached(tiny_target, kind) -> None:
     tokens = torch.randint(5, 90, (40,), generator=g)
     cache: dict = {}
     # The context grows round by round, as a conversation's does (by the accepted drafts plus one).
-    for length in (6, 9, 10, 16, 23):
+    # EAGLE-3's first round with a 1-token context has no context entries to project (a - 1 = 0).
+    for length in (1, 6, 9, 10, 16, 23):
         anchor = tokens[length : length + 1]
         with_cache = DraftContext(features[:length], tokens[:length], cache=cache)
         without = DraftContext(features[:length], tokens[:length])

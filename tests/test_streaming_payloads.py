@@ -74,6 +74,7 @@ def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
     from deepspec_train.target.loading import load_target_model
     from deepspec_train.training.distributed import DistContext
     from deepspec_train.jobs.assembly import load_token_datasets, train_source, validation_share
+    from deepspec_train.training.feature_source import StepBatches
 
     single = DistContext(0, 1, 0, torch.device("cpu"), None)
     data = load_token_datasets(cfg, single)
@@ -84,6 +85,10 @@ def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
         val = validation_share(cfg, data["validation"], tap, d, drafters, single.device)
         for step, step_batches in zip(range(STEPS), colocated):
             expected[f"d{d}_train_{step}"] = step_batches.batches
+            # The packing plan's per-sequence slot counts equal a recount of the built micro-batches.
+            recount = StepBatches.of(list(step_batches.batches)).slot_counts
+            assert step_batches.slot_counts.keys() == recount.keys()
+            assert all(torch.equal(step_batches.slot_counts[k], recount[k]) for k in recount)
             if (step + 1) % cfg.train.eval_every == 0 or step + 1 == STEPS:
                 expected[f"d{d}_val_{step}"] = val.batches()
     return expected

@@ -74,7 +74,7 @@ def context_kv(
     done = store["rows"]
     if done > total or not torch.equal(store["tokens"], context.tokens[: store["tokens"].numel()]):
         raise ValueError("the context cache belongs to another conversation: its context does not extend this one")
-    if done < total:
+    if done < total or store["kv"] is None:
         new = project(done, total)
         old = store["kv"]
         store["kv"] = new if old is None else [

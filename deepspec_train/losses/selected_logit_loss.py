@@ -175,14 +175,13 @@ def _row_normalizer(
     if isinstance(normalizer, torch.Tensor) and normalizer.dim() > 0:
         if normalizer.shape != (num_rows,):
             raise ValueError(f"a per-row normalizer must be [{num_rows}], got {tuple(normalizer.shape)}")
-        rows = normalizer.detach().to(device=device, dtype=dtype)
-    else:
-        if float(normalizer) <= 0:
-            raise ValueError(f"normalizer must be positive, got {float(normalizer)}")
-        rows = torch.full((num_rows,), float(normalizer), dtype=dtype, device=device)
-    if num_rows and not bool((rows > 0).all()):
-        raise ValueError("every row's normalizer must be positive")
-    return rows
+        # Checked on the given tensor (the per-sequence normaliser builds it on the host from positive sums).
+        if num_rows and not bool((normalizer > 0).all()):
+            raise ValueError("every row's normalizer must be positive")
+        return normalizer.detach().to(device=device, dtype=dtype)
+    if float(normalizer) <= 0:
+        raise ValueError(f"normalizer must be positive, got {float(normalizer)}")
+    return torch.full((num_rows,), float(normalizer), dtype=dtype, device=device)
 
 
 def _run_chunks(

@@ -60,10 +60,13 @@ class StepBatches:
     slot_counts: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, batches: list[PackedBatch]) -> "StepBatches":
+    def of(cls, batches: list[PackedBatch], slot_counts: Optional[dict[int, torch.Tensor]] = None) -> "StepBatches":
+        """A step of ``batches``; ``slot_counts`` from the packing plan when the caller has them, else counted
+        from the batches themselves."""
         supervised = [b.num_supervised for b in batches]
-        return cls(len(batches), sum(1 for n in supervised if n > 0), sum(supervised), batches,
-                   merge_slot_counts(batch_slot_counts(b) for b in batches))
+        if slot_counts is None:
+            slot_counts = merge_slot_counts(batch_slot_counts(b) for b in batches)
+        return cls(len(batches), sum(1 for n in supervised if n > 0), sum(supervised), batches, slot_counts)
 
 
 def batch_slot_counts(batch: PackedBatch) -> dict[int, torch.Tensor]:
@@ -206,12 +209,16 @@ class InProcessFeatureSource:
             if self.position.step_in_epoch >= self.steps_per_epoch:
                 self.position = DataPosition(self.position.epoch + 1, 0)
             indices = self.step_sample_indices(self.position.epoch, self.position.step_in_epoch)
-            batches = self.batches_for(indices, self.position.epoch)
+            plans = self.chunk_plans(indices, self.position.epoch)
+            batches = self.build_chunks(plans)
             self.position = DataPosition(self.position.epoch, self.position.step_in_epoch + 1)
-            yield StepBatches.of(batches)
+            yield StepBatches.of(batches, merge_slot_counts(chunk.slot_counts for chunk in plans))
 
     def batches_for(self, indices: list[int], epoch: int) -> list[PackedBatch]:
-        return [batch for chunk in self.chunk_plans(indices, epoch) for batch in self.build_chunk(chunk)]
+        return self.build_chunks(self.chunk_plans(indices, epoch))
+
+    def build_chunks(self, plans: list[ChunkPlan]) -> list[PackedBatch]:
+        return [batch for chunk in plans for batch in self.build_chunk(chunk)]
 
     def chunk_plans(self, indices: list[int], epoch: int) -> list[ChunkPlan]:
         """The chunks of ``indices`` with their anchors and packing; no target forward."""
