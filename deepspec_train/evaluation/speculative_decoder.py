@@ -58,12 +58,12 @@ class RoundRecord:
     confidences: Optional[list[float]]
     target_accept_probs: list[float]
     # c*_k given the drafted prefix (see ``verify_drafts``): the best any confidence head can know before d_k.
-    analytic_accept: list[float] = field(default_factory=list)
+    analytic_accept: list[float]
     # Wall time of the drafter's call for this round (the draft alone, not the verification), and the CPU time of
     # the calling thread during it: with one torch thread, the draft's own compute, which time spent descheduled
     # on a shared machine does not inflate.
-    draft_seconds: float = 0.0
-    draft_cpu_seconds: float = 0.0
+    draft_seconds: float
+    draft_cpu_seconds: float
 
     def trace(self, suite: str, category: str, prompt_id: str, seed: Optional[int] = None) -> TraceRound:
         """This round's trace line, for prompt ``prompt_id`` of ``suite`` (decoded with sampling seed ``seed``,
