@@ -8,7 +8,7 @@
 #   comparison plots.
 # Environment knobs: TINYWORLD=DIR (default artifacts/tinyworld), STEPS=N (drafter steps, default the recipes' 600),
 # PROMPTS=N (prompts per suite, default all 50), NEW_TOKENS=N (per answer, default 96), SEEDS=N (sampling seeds at
-# T = 1, default 2), RUNS=DIR (default runs/demo).
+# T = 1, default 6), RUNS=DIR (default runs/demo).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash launch/quickstart/setup_env.sh
@@ -16,7 +16,7 @@ bash launch/quickstart/setup_env.sh
 export WANDB_MODE=${WANDB_MODE:-offline} WANDB_SILENT=true TOKENIZERS_PARALLELISM=false OMP_WAIT_POLICY=PASSIVE
 TINYWORLD=${TINYWORLD:-artifacts/tinyworld}
 RUNS=${RUNS:-runs/demo}
-bench_args=(--new-tokens "${NEW_TOKENS:-96}" --seeds "${SEEDS:-2}" --no-progress)
+bench_args=(--new-tokens "${NEW_TOKENS:-96}" --seeds "${SEEDS:-6}" --no-progress)
 [ -n "${STEPS:-}" ] && bench_args+=(--steps "$STEPS")
 [ -n "${PROMPTS:-}" ] && bench_args+=(--prompts "$PROMPTS")
 start=$(date +%s)
