@@ -277,7 +277,8 @@ def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list,
         lines.append(f"- {ref} / {other} at T = {args.temperatures[0]:g}: geomean "
                      f"{g['value']:.3f} [{g['low']:.3f}, {g['high']:.3f}]; >= {GOAL_RATIO} with the interval "
                      f"excluding 1: {'yes' if goal else 'no'}; largest standard error {largest_se:.3f} (target "
-                     f"{MAX_RATIO_SE}); draft cost at most {other}'s (layer passes and ms): {'yes' if matched else 'no'}")
+                     f"{MAX_RATIO_SE}); draft cost at most {other}'s (layer passes and ms): "
+                     f"{'yes' if matched else 'no'}")
     if "confidence" in report:
         c = report["confidence"]
         lines += ["", f"## Confidence head of {ref} (STS fit on {c['fit_rounds']} rounds of {c['prompts']} validation "
