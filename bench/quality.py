@@ -45,13 +45,13 @@ from deepspec_train.calibration.cli import survival_arrays  # noqa: E402
 from deepspec_train.calibration.heldout import (  # noqa: E402
     HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
 )
-from deepspec_train.evaluation.quality_bench import (  # noqa: E402
+from bench.quality_harness import (  # noqa: E402
     BenchDrafter, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios, tau_by_category,
     tau_table, totals_by_category,
 )
 from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
 from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
-from deepspec_train.export.loader import load_exported_drafter  # noqa: E402
+from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
 from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
 
 DEFAULT_RECIPES = ("tiny-dspark", "tiny-dflash", "tiny-eagle3")

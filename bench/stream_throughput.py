@@ -26,10 +26,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.assembly import load_token_datasets, resolve_attention, train_source
 from deepspec_train.metrics.sinks import NoOpSink
-from deepspec_train.models.factory import build_drafter_from_files
+from deepspec_train.kinds.builder import build_drafter_from_files
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.streamed_source import StreamedFeatureSource
 from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop

@@ -14,11 +14,11 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import DataSummary, build_token_dataset
 from deepspec_train.errors import exit_on_user_error
-from deepspec_train.training.entry import parse_command_line
+from deepspec_train.jobs.entry import parse_command_line
 
 
 def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, DataSummary]:

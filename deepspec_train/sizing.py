@@ -357,7 +357,7 @@ def reference_target_config(cfg: RecipeConfig, name: Optional[str] = None) -> An
 
 def meta_drafter(cfg: RecipeConfig, hf_config: Any) -> torch.nn.Module:
     """The recipe's drafter for ``hf_config``, on the meta device (shapes only, no memory)."""
-    from deepspec_train.models.factory import build_drafter_for_geometry
+    from deepspec_train.kinds.builder import build_drafter_for_geometry
     from deepspec_train.models.geometry import geometry_from_target_config
 
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
@@ -369,7 +369,7 @@ def _recipe_and_target(recipe: str, target: Optional[str]) -> tuple[RecipeConfig
     """The recipe, its taps moved to ``target``'s (when given, for a target without a recipe), and the config."""
     import dataclasses
 
-    from deepspec_train.config.loader import load_recipe
+    from deepspec_train.validation import load_recipe
     from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 
     cfg = load_recipe(recipe, check_target=False)

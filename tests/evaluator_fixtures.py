@@ -15,9 +15,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
-from deepspec_train.export.loader import LoadedDrafter
+from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
-from deepspec_train.models.factory import build_drafter_for_geometry
+from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
 from tests.tiny_random_model import save_tiny_chat_model
 

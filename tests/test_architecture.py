@@ -1,5 +1,6 @@
-"""Structural rules of the package, checked on its source: imports go one way (no module imports itself back
-through others, function-level imports included), and decisions on the drafter kind go through the kind
+"""Structural rules of the package, checked on its source: imports go one way between modules and between
+packages (no module or package imports itself back through others; function-level and type-checking imports
+count), and decisions on the drafter kind go through the kind
 registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches and ``isinstance`` tests on drafter
 classes scattered over the code."""
 
@@ -25,8 +26,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
+    return _imports_of_tree(ast.parse(path.read_text()), modules)
+
+
+def _imports_of_tree(tree: ast.AST, modules: dict[str, Path]) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -76,6 +81,45 @@ def test_no_import_circle_in_the_package() -> None:
         for name, path in modules.items()
     }
     assert _cycles(graph) == []
+
+
+def _package_of(module: str) -> str:
+    """``deepspec_train.kinds.builder`` -> ``kinds``; a top-level module (``deepspec_train.sizing``) is its own node."""
+    return module.split(".")[1] if module.count(".") >= 1 else module
+
+
+def package_graph() -> dict[str, set[str]]:
+    """Which package of ``deepspec_train`` imports which, counting every import statement in every module."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        if name == "deepspec_train":
+            continue
+        source = _package_of(name)
+        targets = {_package_of(dep) for dep in _imports(path, modules) if dep != "deepspec_train"}
+        graph.setdefault(source, set()).update(targets - {source})
+    for targets in list(graph.values()):
+        for target in targets:
+            graph.setdefault(target, set())
+    return graph
+
+
+def test_the_package_graph_has_no_cycle() -> None:
+    """Packages import one way: the entry (``jobs``) on top, kinds above models and config, readers of stage files
+    in ``formats``. A cycle between packages is reported with the packages it joins."""
+    graph = package_graph()
+    assert {"jobs", "kinds", "models", "config", "formats", "export", "evaluation"} <= set(graph)
+    assert _cycles(graph) == []
+
+
+def test_the_package_scan_finds_a_cycle() -> None:
+    """The scan must see a package cycle made of lazy imports (else the test above would pass on anything)."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    tree = ast.parse("def f():\n    from deepspec_train.kinds.registry import kind_spec\n")
+    modules = {"deepspec_train.kinds.registry": PACKAGE / "kinds" / "registry.py"}
+    assert any(isinstance(node, ast.ImportFrom) for node in ast.walk(tree))
+    assert _imports_of_tree(tree, modules) == {"deepspec_train.kinds.registry"}
 
 
 def _kind_decisions(tree: ast.AST) -> list[int]:

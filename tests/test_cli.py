@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from deepspec_train.cli import VERBS, main
+from deepspec_train.jobs.cli import VERBS, main
 
 
 def test_unknown_verb_fails(capsys: pytest.CaptureFixture) -> None:
@@ -20,7 +20,7 @@ def test_unknown_verb_fails(capsys: pytest.CaptureFixture) -> None:
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_every_verb_has_help(verb: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "deepspec_train.cli", verb, "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "deepspec_train.jobs.cli", verb, "--help"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr
     assert f"deepspec {verb}" in proc.stdout

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepspec_train.evaluation.drafting import DraftContext
+from deepspec_train.models.block_drafting import DraftContext
 from tests.evaluator_fixtures import load_tiny_target, random_drafter
 
 

@@ -382,7 +382,7 @@ def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
     """Decode-time drafting steps through a KV cache; its per-step states and draft distributions equal the
     training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once; with
     dynamic RoPE scaling too (every step rotates at the length the unroll uses), past the trained positions."""
-    from deepspec_train.evaluation.drafting import DraftContext, Eagle3BlockDrafter
+    from deepspec_train.models.block_drafting import DraftContext, Eagle3BlockDrafter
     from tests.drafter_fixtures import anchor_batch, use_dynamic_rope
 
     block = 5

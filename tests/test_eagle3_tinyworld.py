@@ -21,9 +21,9 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from deepspec_train.cli import main
-from deepspec_train.config.loader import load_recipe
-from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.jobs.cli import main
+from deepspec_train.validation import load_recipe
+from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.run import run_training
 from tests.test_train_tinyworld import overrides
 

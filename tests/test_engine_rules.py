@@ -22,7 +22,7 @@ from deepspec_train.export.engine_rules import (
     check_engines,
     engine_reading,
 )
-from deepspec_train.export.layouts import TensorSpec
+from deepspec_train.kinds.serving_layouts import TensorSpec
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
 
 # What each engine captures from each production export (decoder-layer outputs, fc column order).

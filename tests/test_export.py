@@ -17,16 +17,16 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
-from deepspec_train.export.layouts import (
+from deepspec_train.kinds.serving_layouts import (
     LayoutError,
     layer_ids_from_eagle3_config,
     validate_layout,
     vllm_eagle3_layer_ids,
 )
-from deepspec_train.export.loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
+from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
-from deepspec_train.models.factory import build_drafter_for_geometry
+from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
@@ -489,7 +489,7 @@ def test_qwen3_8b_eagle3_plan_matches_formats():
 
 
 def test_export_cli_with_calibration_and_refusal(tmp_path, target_dir, capsys):
-    from deepspec_train.cli import main
+    from deepspec_train.jobs.cli import main
     from deepspec_train.export.engine_files import STS_FILENAME, read_sts, strict_json_loads
 
     cfg = tiny_recipe("dspark", target_dir)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from deepspec_train.evaluation.drafting import BlockDrafter, DraftBlock, DraftContext
+from deepspec_train.models.block_drafting import BlockDrafter, DraftBlock, DraftContext
 from deepspec_train.evaluation.speculative_decoder import verify_drafts
 from deepspec_train.target.hidden_states import TargetTap
 from tests.evaluator_fixtures import load_tiny_target, random_drafter

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deepspec_train.config.schema import RecipeConfig, TargetConfig
-from deepspec_train.evaluation.drafting import DraftContext, ParallelBlockDrafter
+from deepspec_train.models.block_drafting import DraftContext, ParallelBlockDrafter
 from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.losses.selected_logit_loss import selected_logit_loss
 from deepspec_train.kinds.registry import kind_spec

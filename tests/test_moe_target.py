@@ -21,10 +21,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from deepspec_train.cli import main as deepspec_main
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.jobs.cli import main as deepspec_main
+from deepspec_train.validation import load_recipe
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
-from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 from deepspec_train.target.hidden_states import TargetTap

@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems, tensor_parallel_problems
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.models.geometry import geometry_from_target_config

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.config.loader import ConfigError
+from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,7 +196,7 @@ def test_launch_rule(tiny_world: Path, tmp_path: Path, targets: int, world: int,
 def test_a_bad_value_fails_train_py_in_one_line_within_two_seconds_without_torch(tiny_world: Path, tmp_path: Path) -> None:
     args = ["recipe=tiny-dspark", *world_overrides(tiny_world, "tiny-dspark", tmp_path), "train.max_steps=-5"]
     probe = (
-        "import sys; from deepspec_train.training.entry import main; code = main(sys.argv[1:]); "
+        "import sys; from deepspec_train.jobs.entry import main; code = main(sys.argv[1:]); "
         "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(code)"
     )
     start = time.perf_counter()

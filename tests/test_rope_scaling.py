@@ -19,7 +19,7 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.export.exporter import export_drafter
-from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.draft_vocab import build_draft_vocab
 from deepspec_train.models.geometry import check_target_rope, geometry_from_target_config

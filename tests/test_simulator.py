@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from deepspec_train.cli import main
+from deepspec_train.jobs.cli import main
 from deepspec_train.formats.eval_traces import read_traces
 from deepspec_train.scheduling.simulator import Policy, simulate
 from deepspec_train.scheduling.workload import (

@@ -14,12 +14,12 @@ from scipy import stats
 from deepspec_train.evaluation.spec_sampling import (
     acceptance_probs,
     correction_distribution,
-    probs_from_logits,
     verify_block,
     verify_block_greedy,
     verify_blocks,
     verify_blocks_greedy,
 )
+from deepspec_train.models.sampling import probs_from_logits
 from tests.synthetic_lm import TablePair
 
 # (vocab, block size K, tokens verified per round, seed)

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.validation import load_recipe
 from deepspec_train.packing.batch import PackedBatch
 from tests.streaming_helpers import read_logs, recipe_overrides, start_ranks, wait_all
 

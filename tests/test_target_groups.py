@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.run import run_training
 from tests.streaming_helpers import fail_one_rank_mid_run, recipe_overrides, run_ranks, step_losses
 from tests.test_moe_target import moe_overrides

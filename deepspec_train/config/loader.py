@@ -1,10 +1,9 @@
-"""Load a YAML recipe plus ``dotted.key=value`` overrides into a validated ``RecipeConfig``.
+"""Read a YAML recipe plus ``dotted.key=value`` overrides into a typed ``RecipeConfig``.
 
-Everything is checked before any model loads: a missing recipe, an unknown key or a value of the wrong type
-raises ``ConfigError`` with a one-line message naming the file or key and the closest valid name, and so does a
-value the rules of ``config.rules`` refuse (ranges, kind-specific settings, the target's layer count and
-vocabulary read from its ``config.json``). A recipe may name another as ``base:``; its keys are merged under the
-recipe's own. Sections that belong to another verb (``regenerate``) are left to that verb
+A missing recipe, an unknown key or a value of the wrong type raises ``ConfigError`` with a one-line message
+naming the file or key and the closest valid name. The rules beyond types (``config.rules`` and the drafter
+kind's own) are run once, above this package, by ``validation.load_recipe``, which every entry point uses. A
+recipe may name another as ``base:``; its keys are merged under the recipe's own. Sections that belong to another verb (``regenerate``) are left to that verb
 (``load_recipe_section``).
 """
 
@@ -21,7 +20,6 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from deepspec_train.config.rules import read_target_config, recipe_problems, target_problems
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.errors import UserError
 
@@ -199,12 +197,8 @@ def _training_sections(data: dict) -> dict:
     return {key: value for key, value in data.items() if key not in OTHER_VERB_SECTIONS}
 
 
-def load_recipe(name_or_path: str, overrides: list[str] | None = None, check_target: bool = True) -> RecipeConfig:
-    """Find, merge, override and validate a recipe: types first, then the rules of ``config.rules``.
-
-    ``check_target`` also reads the target's ``config.json`` (never its weights) for the rules that need it; tools
-    that only look at a recipe's shape (sizing, data preparation) leave it off.
-    """
+def read_recipe(name_or_path: str, overrides: list[str] | None = None) -> tuple[Path, RecipeConfig]:
+    """Find, merge and override a recipe, checking keys and types only; returns the recipe's file and config."""
     path = find_recipe(name_or_path)
     data = _training_sections(_read_yaml(path))
     cfg = _build(RecipeConfig, data, "", f"recipe {path}")
@@ -213,15 +207,7 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None, check_tar
         # Overrides are validated against the schema separately so the message names the override.
         _build(RecipeConfig, parse_overrides(overrides), "", "override")
         cfg = _build(RecipeConfig, merged, "", "override")
-    problems = recipe_problems(cfg)
-    if check_target and not problems:
-        try:
-            problems = target_problems(cfg, read_target_config(cfg.target.path))
-        except (OSError, ValueError) as exc:
-            problems = [str(exc)]
-    if problems:
-        raise ConfigError(f"recipe {path.stem}: " + "; ".join(problems))
-    return cfg
+    return path, cfg
 
 
 def load_recipe_section(name_or_path: str, section: str, cls: type) -> Any:

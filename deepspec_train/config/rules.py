@@ -2,16 +2,15 @@
 
 Three groups, each a function returning one-line messages (empty when the recipe is fine):
 
-- ``recipe_problems``: what the recipe alone decides: ranges, enum-like strings, paths that must exist, and the
-  drafter kind's own rules (``kinds``: e.g. DFlash has no Markov head, EAGLE-3 fuses three taps, and a setting a
-  kind does not use must be left unset);
+- ``recipe_problems``: what the recipe alone decides: ranges, enum-like strings, paths that must exist (the
+  drafter kind's own rules, e.g. DFlash has no Markov head, are its record's: ``kinds``);
 - ``target_problems``: what needs the target's ``config.json`` (no weights): tapped layers inside the target,
   the mask token inside its vocabulary, a draft vocabulary no larger than it, heads and MLP widths that split
   over ``topology.target_tp`` ranks;
 - ``launch_problems``: what needs the launch (world size): enough processes for the topology, at least one
   sequence per step for every drafter rank (the drafter count need not divide the global batch).
 
-``config.loader.load_recipe`` runs the first two, ``training.entry`` the third; each message names the key, the
+``validation.load_recipe`` runs the first two with the kind's rules, ``jobs.entry`` the third; each message names the key, the
 value and what is allowed.
 """
 
@@ -23,7 +22,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.kinds.registry import kind_spec
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -128,7 +126,6 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     _at_least(p, "stream.depth", cfg.stream.depth, 1)
     _positive(p, "stream.timeout_s", cfg.stream.timeout_s)
     _at_least(p, "logging.log_every", cfg.logging.log_every, 1)
-    p.extend(kind_spec(d.kind).recipe_problems(cfg))
     return p
 
 
@@ -205,8 +202,9 @@ def read_target_config(path: str) -> Mapping[str, Any]:
         raise ValueError(f"target.path = {path!r}: config.json is not valid JSON ({exc.msg} at line {exc.lineno})") from None
 
 
-def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any]) -> list[str]:
-    """Rules that tie the recipe to its target's config (see the module docstring)."""
+def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any], uses_mask_token: bool) -> list[str]:
+    """Rules that tie the recipe to its target's config (see the module docstring); ``uses_mask_token``: whether
+    the recipe's drafter kind feeds ``drafter.mask_token_id`` to its blocks."""
     p: list[str] = []
     layers = target_config.get("num_hidden_layers")
     vocab = target_config.get("vocab_size")
@@ -216,7 +214,7 @@ def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any]) -> list
             f"0..{layers - 2} (never the last layer, whose output is only the final norm's input)"
         )
     if isinstance(vocab, int):
-        if kind_spec(cfg.drafter.kind).uses_mask_token and cfg.drafter.mask_token_id >= vocab:
+        if uses_mask_token and cfg.drafter.mask_token_id >= vocab:
             p.append(f"drafter.mask_token_id = {cfg.drafter.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")
         size = cfg.drafter.draft_vocab_size
         if size is not None and size > vocab:

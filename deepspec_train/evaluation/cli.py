@@ -26,7 +26,7 @@ from deepspec_train.errors import UserError
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
-from deepspec_train.export.loader import load_exported_drafter
+from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, write_traces
 
 

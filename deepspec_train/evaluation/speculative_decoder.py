@@ -27,14 +27,14 @@ from typing import Iterator, Optional, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
-from deepspec_train.evaluation.drafting import BlockDrafter, DraftBlock, DraftContext, calibrated_confidences
+from deepspec_train.models.block_drafting import BlockDrafter, DraftBlock, DraftContext, calibrated_confidences
 from deepspec_train.evaluation.spec_sampling import (
     VerifyResult,
     acceptance_probs,
-    probs_from_logits,
     verify_blocks,
     verify_blocks_greedy,
 )
+from deepspec_train.models.sampling import probs_from_logits
 from deepspec_train.formats.eval_traces import TraceRound
 from deepspec_train.target.hidden_states import decoder_of
 

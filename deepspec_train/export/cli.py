@@ -26,7 +26,7 @@ from deepspec_train.errors import UserError
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
 from deepspec_train.export.engine_rules import ENGINES, check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
-from deepspec_train.export.layouts import LAYOUTS
+from deepspec_train.kinds.serving_layouts import LAYOUTS
 
 
 def _engine_list(text: str) -> list[str]:

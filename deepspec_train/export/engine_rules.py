@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from deepspec_train.export.engine_files import STS_FILENAME
-from deepspec_train.export.layouts import (
+from deepspec_train.kinds.serving_layouts import (
     TensorSpec,
     layer_ids_from_eagle3_config,
     layout_of_config,
@@ -379,7 +379,7 @@ def check_export_dir(
 ) -> list[EngineReading]:
     """``check_engines`` on an export directory (config.json + model.safetensors) for the target in ``target_dir``;
     the trained taps are the ones the export records. The layout itself is validated first."""
-    from deepspec_train.export.loader import EXPORT_CONFIG, EXPORT_WEIGHTS, read_tensor_specs
+    from deepspec_train.formats.drafter_loader import EXPORT_CONFIG, EXPORT_WEIGHTS, read_tensor_specs
 
     root = Path(export_dir)
     config = json.loads((root / EXPORT_CONFIG).read_text())

@@ -38,7 +38,7 @@ from deepspec_train.config.schema import AnchorConfig
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts, write_strict_json
 from deepspec_train.export.engine_rules import check_engines
 from deepspec_train.export.export_readme import README_FILE, ZLAB_MODELING_FILE, export_readme, zlab_modeling_source
-from deepspec_train.export.layouts import (
+from deepspec_train.kinds.serving_layouts import (
     ARCHITECTURES,
     OMITTED_TENSORS,
     LayoutError,
@@ -46,7 +46,7 @@ from deepspec_train.export.layouts import (
     validate_layout,
     vllm_eagle3_layer_ids,
 )
-from deepspec_train.export.loader import (
+from deepspec_train.formats.drafter_loader import (
     EXPORT_CONFIG,
     EXPORT_WEIGHTS,
     FINGERPRINT_FIELD,

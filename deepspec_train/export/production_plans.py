@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deepspec_train.config.loader import load_recipe
+from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import ENGINES, EngineReading, check_engines
 from deepspec_train.export.exporter import ExportPlan, default_layout, plan_export
-from deepspec_train.export.loader import LoadedDrafter
+from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.sizing import meta_drafter, reference_target_config
 

@@ -9,7 +9,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
     load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
 )
-from deepspec_train.models.factory import build_drafter
+from deepspec_train.kinds.builder import build_drafter
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext

@@ -25,7 +25,7 @@ from deepspec_train.jobs.assembly import (
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
-from deepspec_train.models.factory import build_drafter_from_files
+from deepspec_train.kinds.builder import build_drafter_from_files
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.streamed_source import StreamedFeatureSource
 from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop

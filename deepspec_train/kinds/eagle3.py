@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.block_drafting import BlockDrafter
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
 NAME = "eagle3"
@@ -135,7 +135,7 @@ def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) ->
 
 
 def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
-    from deepspec_train.evaluation.drafting import Eagle3BlockDrafter
+    from deepspec_train.models.block_drafting import Eagle3BlockDrafter
     from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 
     if not isinstance(module, Eagle3Drafter):

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.block_drafting import BlockDrafter
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
 # Settings of DrafterConfig that only EAGLE-3 reads: a parallel drafter must leave them at their defaults.
@@ -87,7 +87,7 @@ def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) ->
 
 
 def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
-    from deepspec_train.evaluation.drafting import ParallelBlockDrafter
+    from deepspec_train.models.block_drafting import ParallelBlockDrafter
     from deepspec_train.models.parallel_drafter import ParallelDrafter
 
     if not isinstance(module, ParallelDrafter):

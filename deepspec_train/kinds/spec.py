@@ -8,7 +8,7 @@ costs, its FLOPs for sizing, and which serving layouts it exports to. The record
 ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
 
 The kind modules import torch and the model code only inside their functions: recipe validation
-(``config.loader``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
+(``validation.load_recipe``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
 before torch is imported.
 """
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.block_drafting import BlockDrafter
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
 

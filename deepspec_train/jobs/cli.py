@@ -18,7 +18,7 @@ from deepspec_train.errors import exit_on_user_error
 VERBS: dict[str, tuple[str, str]] = {
     "tinyworld": ("deepspec_train.tinyworld.cli", "build the tiny world: corpus, tokenizer, target, conversations"),
     "regenerate": ("deepspec_train.regenerate.cli", "rewrite a prompt set's answers with the target"),
-    "train": ("deepspec_train.training.cli", "train a drafter from a recipe (same as train.py)"),
+    "train": ("deepspec_train.jobs.train_cli", "train a drafter from a recipe (same as train.py)"),
     "calibrate": ("deepspec_train.calibration.cli", "fit per-position confidence temperatures from eval traces"),
     "export": ("deepspec_train.export.cli", "write a drafter as safetensors + config.json for serving engines"),
     "profile-sps": ("deepspec_train.scheduling.profile_cli", "measure target verification steps/s per batch size"),

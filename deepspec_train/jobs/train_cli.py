@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from deepspec_train.training.entry import main
+from deepspec_train.jobs.entry import main
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

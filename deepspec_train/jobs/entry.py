@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 
-from deepspec_train.config.loader import ConfigError, load_recipe
+from deepspec_train.config.loader import ConfigError
+from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.run_directory import output_dir_problems

@@ -34,7 +34,7 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
-from deepspec_train.evaluation.spec_sampling import probs_from_logits
+from deepspec_train.models.sampling import probs_from_logits
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 

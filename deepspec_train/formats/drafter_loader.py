@@ -1,9 +1,9 @@
-"""Rebuild a drafter module from an export (any layout in ``layouts``) or from a training output directory.
+"""Rebuild a drafter module from an export (any layout in ``kinds.serving_layouts``) or from a training output directory.
 
 ``load_exported_drafter(path)`` accepts:
 
 - an export directory (``config.json`` + ``model.safetensors``): the layout is read from ``architectures`` and the
-  checkpoint goes through ``layouts.validate_layout`` (the exporter's own check) before anything is built;
+  checkpoint goes through ``serving_layouts.validate_layout`` (the exporter's own check) before anything is built;
 - a training output directory ``<run>/drafter`` (``drafter_config.json`` + ``drafter.safetensors``, trainable
   weights only), or the run directory ``<run>`` itself, so evaluation works before export.
 
@@ -28,7 +28,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
-from deepspec_train.export.layouts import (
+from deepspec_train.kinds.serving_layouts import (
     OMITTED_TENSORS,
     TensorSpec,
     check_draft_vocab,
@@ -43,7 +43,7 @@ from deepspec_train.target.fingerprint import check_same_target
 from deepspec_train.target.head_weights import load_head_weights
 
 if TYPE_CHECKING:
-    from deepspec_train.evaluation.drafting import BlockDrafter
+    from deepspec_train.models.block_drafting import BlockDrafter
 
 EXPORT_CONFIG = "config.json"
 # Our addition to an export's config.json (engines ignore it): the fingerprint of the target it was trained for.

@@ -30,14 +30,14 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from deepspec_train.config.schema import DrafterConfig
-from deepspec_train.evaluation.drafting import BlockDrafter
+from deepspec_train.models.block_drafting import BlockDrafter
 from deepspec_train.evaluation.paired_bootstrap import (
     PromptTotals, RatioEstimate, bootstrap_mean, bootstrap_tau_ratios, prompt_totals,
 )
 from deepspec_train.evaluation.report import ConversationStats
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite
-from deepspec_train.export.loader import LoadedDrafter
+from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.formats.eval_traces import TraceRound
 from deepspec_train.kinds.registry import kind_spec
 
