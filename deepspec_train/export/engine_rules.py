@@ -15,9 +15,12 @@ Facts, from the engines' code:
 - Capture sets. DSpark / z-lab DFlash: ``target_layer_ids`` (DFlash: ``dflash_config.target_layer_ids``) + 1 in
   both engines; vLLM prefers a top-level ``eagle_aux_hidden_state_layer_ids`` when one is present. EAGLE-3 in
   vLLM: the top-level ``eagle_aux_hidden_state_layer_ids`` as given (hidden-state indices). EAGLE-3 in SGLang:
-  only ``eagle_config.eagle_aux_hidden_state_layer_ids``, + 1 for Qwen3 / Qwen2 / Llama targets, + 1 only when
-  the first id is 1 for DeepSeek-V2/V3 and GLM-4 MoE lite targets. Without ids both engines capture the
-  hidden-state indices ``[2, L//2, L-3]`` for EAGLE-3.
+  only ``eagle_config.eagle_aux_hidden_state_layer_ids``, turned into capture points by the target family's rule
+  (``architecture_rules``: + 1 for Qwen3 / Qwen2 / Llama / Gemma 3, + 1 only when the first id is 1 for
+  DeepSeek-V2/V3). Without ids both engines capture the hidden-state indices ``[2, L//2, L-3]`` for EAGLE-3.
+- Architectures. Which layouts an engine serves for a target at all is the target family's record
+  (``architecture_rules``); an architecture without a record, or one an engine does not serve, makes that
+  engine's reading ``unserved`` (``by_architecture``) and the export is still written.
 - vLLM reads ``markov_rank`` without a default; reads no ``markov_head_type`` and builds only the vanilla
   Markov head (``markov_w1`` / ``markov_w2``), so it does not serve a gated or RNN head; builds a ``d2t``
   parameter only for a draft vocabulary smaller than the target's (with a full one, a ``d2t`` tensor makes its
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deepspec_train.export.architecture_rules import architecture_unserved, sglang_eagle3_capture_points
 from deepspec_train.export.engine_files import STS_FILENAME
 from deepspec_train.kinds.serving_layouts import (
     TensorSpec,
@@ -49,11 +53,6 @@ from deepspec_train.kinds.serving_layouts import (
 ENGINES = ("vllm", "sglang")
 SGLANG_MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 VLLM_MARKOV_HEAD_TYPES = ("vanilla",)
-# Target architectures whose decoder-layer capture rule these rules state (the drafters here are Qwen3-only).
-# Qwen3-MoE captures like Qwen3 in both engines: vLLM's qwen3_moe.py keeps the state entering each listed layer,
-# SGLang's adds 1 to every DFlash / EAGLE-3 id before capturing "before layer id".
-PLUS_ONE_TARGETS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
-FIRST_ID_ONE_TARGETS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 _SAMPLE = "probabilistic"
 
 
@@ -70,6 +69,8 @@ class EngineReading:
     unserved: str | None = None
     serve_commands: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # True when ``unserved`` comes from the target's architecture (``architecture_rules``), not from the export.
+    by_architecture: bool = False
 
 
 class EngineRuleError(ValueError):
@@ -215,7 +216,8 @@ def _sglang_target_ids(config: Mapping[str, Any]) -> list[int] | None:
     return nested if nested is not None else _ids(config.get("target_layer_ids"))
 
 
-def _sglang_eagle3_points(config: Mapping[str, Any], target: _Target, reading: EngineReading) -> list[int] | None:
+def _sglang_eagle3_points(config: Mapping[str, Any], target: _Target, reading: EngineReading,
+                          target_config: Mapping[str, Any]) -> list[int] | None:
     eagle = config.get("eagle_config")
     ids = _ids(eagle.get("eagle_aux_hidden_state_layer_ids")) if isinstance(eagle, Mapping) else None
     if ids is None:
@@ -224,21 +226,16 @@ def _sglang_eagle3_points(config: Mapping[str, Any], target: _Target, reading: E
             f"no eagle_config.eagle_aux_hidden_state_layer_ids (the only field SGLang reads): it captures its "
             f"default hidden states {points}")
         return points
-    if target.architecture in PLUS_ONE_TARGETS:
-        return [i + 1 for i in ids]
-    if target.architecture in FIRST_ID_ONE_TARGETS:
-        return [i + 1 for i in ids] if ids[0] == 1 else ids
-    reading.problems.append(f"SGLang's EAGLE-3 capture rule for a {target.architecture} target is not stated here")
-    return None
+    return sglang_eagle3_capture_points(ids, target_config)
 
 
 def _sglang_reading(layout: str, config: Mapping[str, Any], tensors: Mapping[str, Any], target: _Target,
-                    paths: "_ServePaths") -> EngineReading:
+                    paths: "_ServePaths", target_config: Mapping[str, Any]) -> EngineReading:
     reading = EngineReading("sglang", layout, None)
     launch = f"python -m sglang.launch_server --model-path {paths.target}"
     draft = f"--speculative-draft-model-path {shlex.quote(paths.export)}"
     if layout == "eagle3":
-        points = _sglang_eagle3_points(config, target, reading)
+        points = _sglang_eagle3_points(config, target, reading, target_config)
         reading.problems += _draft_vocab_problems("sglang", config, tensors, target.vocab_size)
         reading.serve_commands.append(
             f"{launch} --speculative-algorithm EAGLE3 {draft} "
@@ -315,15 +312,14 @@ def engine_reading(
     layout = layout_of_config(config)
     target = _target_facts(target_config)
     paths = _serve_paths(target_path, export_dir, sps_path)
-    if engine == "vllm":
-        reading = _vllm_reading(layout, config, tensors, target, paths)
-    elif engine == "sglang":
-        reading = _sglang_reading(layout, config, tensors, target, paths)
-    else:
+    if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {list(ENGINES)}")
-    if layout != "eagle3" and target.architecture not in PLUS_ONE_TARGETS:
-        reading.problems.append(f"the capture rule for a {target.architecture} target is not stated here")
-    return reading
+    unserved = architecture_unserved(engine, layout, target_config)
+    if unserved is not None:
+        return EngineReading(engine, layout, None, unserved=unserved, by_architecture=True)
+    if engine == "vllm":
+        return _vllm_reading(layout, config, tensors, target, paths)
+    return _sglang_reading(layout, config, tensors, target, paths, target_config)
 
 
 def trained_layer_ids(config: Mapping[str, Any]) -> list[int]:
@@ -367,7 +363,9 @@ def check_engines(
                 lines.append(f"{reading.engine}: does not serve this export: {reading.unserved}")
             continue
         lines += [f"{reading.engine}: {problem}" for problem in reading.problems]
-    if not explicit and not any(r.unserved is None for r in readings if r.engine in wanted):
+    # An export no engine serves for its target's architecture is still written (each engine names why).
+    refused_by_export = [r for r in readings if r.engine in wanted and r.unserved and not r.by_architecture]
+    if not explicit and refused_by_export and not any(r.unserved is None for r in readings if r.engine in wanted):
         lines.append(f"no engine among {wanted} serves this {layout_of_config(config)} export")
     if lines:
         raise EngineRuleError(lines)
