@@ -346,10 +346,11 @@ def target_working_bytes(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: 
 def reference_target_config(cfg: RecipeConfig, name: Optional[str] = None) -> Any:
     """The published config of the recipe's target (named by its ``target.path`` directory, ``models/Qwen3-8B``),
     or of the target ``name``."""
+    from deepspec_train.models.family_configs import family_reference_configs
     from deepspec_train.models.reference_configs import reference_configs
 
     name = name or Path(cfg.target.path).name
-    configs = reference_configs()
+    configs = reference_configs() | family_reference_configs()
     if name not in configs:
         raise KeyError(f"no reference config for target {name!r}; known: {sorted(configs)}")
     return configs[name]

@@ -58,6 +58,7 @@ from deepspec_train.formats.drafter_loader import (
 from deepspec_train.kinds.eagle3 import check_eagle3_taps
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.rope_parameters import GLOBAL_LAYER_TYPE
 from deepspec_train.target.head_weights import load_head_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -190,6 +191,9 @@ def plan_export(
         torch_dtype=dtype_name,
     )
     config.update(_layout_fields(loaded, layout, num_anchors, confidence_temperatures))
+    if GLOBAL_LAYER_TYPE in (config.get("rope_parameters") or {}):
+        # A target with one RoPE per attention type (Gemma 3): the drafter's layers use the global one.
+        config["rope_parameters"] = dict(module.geometry.rope_parameters)
     if loaded.target_fingerprint is not None:
         config[FINGERPRINT_FIELD] = dict(loaded.target_fingerprint)
     omitted = set(OMITTED_TENSORS[layout])

@@ -24,6 +24,11 @@ PRODUCTION_RECIPES = (
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
 )
+# The other target families' recipes (Llama 3, Gemma 3, GPT-OSS, DeepSeek-V3 / Kimi-K2).
+FAMILY_RECIPES = (
+    "llama-3.1-8b", "llama-3.1-8b-dflash", "llama-3.1-8b-eagle3", "llama-3.3-70b", "gemma-3-12b", "gpt-oss-20b",
+    "gpt-oss-120b", "deepseek-v3", "kimi-k2",
+)
 
 
 def production_export_plan(recipe: str) -> tuple[ExportPlan, dict, RecipeConfig]:
@@ -46,7 +51,7 @@ def production_readings(recipe: str) -> list[EngineReading]:
     return check_engines(plan.config, plan.tensors, target_config, cfg.target.layer_ids)
 
 
-def capture_table(recipes: Sequence[str] = PRODUCTION_RECIPES) -> str:
+def capture_table(recipes: Sequence[str] = PRODUCTION_RECIPES + FAMILY_RECIPES) -> str:
     """Markdown table: for each recipe, its layout, trained taps and what each engine captures."""
     lines = ["| recipe | layout | trained taps | " + " | ".join(f"{e} captures" for e in ENGINES) + " |",
              "|---" * (3 + len(ENGINES)) + "|"]
