@@ -17,17 +17,12 @@ from deepspec_train.export.engine_rules import ENGINES, EngineReading, check_eng
 from deepspec_train.export.exporter import ExportPlan, default_layout, plan_export
 from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.sizing import meta_drafter, reference_target_config
+from deepspec_train.sizing import FAMILY_RECIPES, meta_drafter, reference_target_config
 
 PRODUCTION_RECIPES = (
     *(f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")),
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
-)
-# The other target families' recipes (Llama 3, Gemma 3, GPT-OSS, DeepSeek-V3 / Kimi-K2).
-FAMILY_RECIPES = (
-    "llama-3.1-8b", "llama-3.1-8b-dflash", "llama-3.1-8b-eagle3", "llama-3.3-70b", "gemma-3-12b", "gpt-oss-20b",
-    "gpt-oss-120b", "deepseek-v3", "kimi-k2",
 )
 
 
