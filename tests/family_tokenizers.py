@@ -198,7 +198,9 @@ def _learned(texts: Iterable[str]) -> tuple[list[str], list[tuple[str, str]]]:
 def build_layout_tokenizer(directory: str | Path, layout: TokenizerLayout,
                            texts: Iterable[str]) -> PreTrainedTokenizerBase:
     """Build, save to ``directory`` and reload (``AutoTokenizer``) a tokenizer laid out as ``layout``."""
-    learned, merges = _learned(texts)
+    # The template's own words (Llama's knowledge-cutoff lines, harmony's system message) are learned too, so that
+    # a rendered conversation is about as short as with the real tokenizer.
+    learned, merges = _learned([*texts, layout.chat_template])
     free = (i for i in range(layout.size) if i not in layout.specials)
     vocab = {token: next(free) for token in learned}
     # Entries no merge produces: they only hold the ids of the real tokenizer's other learned tokens.

@@ -17,7 +17,7 @@ SGLang's DFLASH / DSPARK refuse it).
 What the tier leaves out is what ``test_scale_tier`` leaves out (real widths, bf16 autocast, NCCL, the engines
 themselves); in addition the experts of GPT-OSS and DeepSeek-V3 / Kimi-K2 are narrower than one width factor
 (``scale_targets.shrink_family``) and the sliding windows (128 / 1024 tokens) are longer than the tier's
-96-token sequences, so only the evaluator's tests (``test_family_targets``) decode past a window.
+160-token sequences, so only the evaluator's tests (``test_family_targets``) decode past a window.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from tests.test_scale_tier import CHANGED_KEYS, _drop_final_checkpoint, _flat
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 STREAMED_TIMEOUT_S = 1500
+# Longer than the Qwen3 tier's 96: harmony's default system message alone is about 50 tokens.
+MAX_LENGTH = 160
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +70,7 @@ def _overrides(worlds: dict, root: Path, recipe: str, mode: str, target_workers:
     world = worlds[FAMILY_TIER[recipe]]
     return scale_overrides(world, root / "runs" / recipe / mode, **{
         "data.cache_dir": f"{world['cache']}-{mode}", "topology.target_workers": target_workers,
-        "topology.target_tp": 1})
+        "topology.target_tp": 1, "data.max_length": MAX_LENGTH})
 
 
 @pytest.fixture(scope="module")
