@@ -94,7 +94,7 @@ _LLAMA_WIDTHS = shrink_family(("hidden_size", "intermediate_size"))
 # MLA: every projection rank and head width shrinks with the rotary width (qk_rope_head_dim 64 -> 2).
 _MLA_WIDTHS = shrink_family(
     ("hidden_size", "intermediate_size", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "v_head_dim"),
-    head_dim_field="qk_rope_head_dim", scale_head_dim=2, expert_widths={"moe_intermediate_size": 4})
+    head_dim_field="qk_rope_head_dim", scale_head_dim=2, expert_widths={"moe_intermediate_size": 8})
 
 
 def _shrink_mla(reference: PretrainedConfig) -> dict[str, int]:
@@ -119,8 +119,9 @@ SCALE_TARGETS: dict[str, ScaleTarget] = {
         # 672 / 32 (27B) whole.
         *(_family(name, shrink_family(("hidden_size", "intermediate_size"), scale_head_dim=16))
           for name in ("gemma-3-12b-it", "gemma-3-27b-it")),
-        # GPT-OSS's intermediate_size is its expert width (no dense MLP): 2,880 -> 12.
-        *(_family(name, shrink_family(("hidden_size",), expert_widths={"intermediate_size": 12}))
+        # GPT-OSS's intermediate_size is its expert width (no dense MLP): 2,880 -> 16. head_dim 8 (hidden 360):
+        # transformers' grouped expert matmul wants bf16 rows whose byte strides are multiples of 16.
+        *(_family(name, shrink_family(("hidden_size",), scale_head_dim=8, expert_widths={"intermediate_size": 16}))
           for name in ("gpt-oss-20b", "gpt-oss-120b")),
         *(_family(name, _shrink_mla) for name in ("DeepSeek-V3", "Kimi-K2-Instruct")),
     ]
