@@ -125,8 +125,8 @@ def test_target_flops_equal_a_brute_force_count_of_its_forward() -> None:
     cached, tokens, batch = 9, 4, 2
     ids = torch.randint(0, 97, (batch, cached + tokens))
     with torch.no_grad():
-        past = target(ids[:, :cached], use_cache=True).past_key_values
-        counted = _counted_flops(lambda: target(ids[:, cached:], past_key_values=past, use_cache=True))
+        cache = target(ids[:, :cached], use_cache=True).cache
+        counted = _counted_flops(lambda: target(ids[:, cached:], cache=cache, use_cache=True))
     assert target_round(config, tokens, RoundShape(batch=batch, context_len=cached)).flops == counted
 
 
