@@ -73,7 +73,8 @@ def speedup_ratios(tau_ratios: Mapping[tuple[str, str], Mapping[str, RatioEstima
                    factors: Mapping[str, float]) -> dict[tuple[str, str], dict[str, RatioEstimate]]:
     """Modeled-speedup ratios ``a / b`` per category and geomean, from the paired tau ratios and each drafter's
     ``t_target / (t_verify + t_draft)`` (see the module docstring)."""
-    return {(a, b): {c: scaled(e, factors[a] / factors[b]) for c, e in per.items()} for (a, b), per in tau_ratios.items()}
+    return {(a, b): {c: scaled(e, factors[a] / factors[b]) for c, e in per.items()}
+            for (a, b), per in tau_ratios.items()}
 
 
 def speedup_table(

@@ -287,7 +287,8 @@ def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list,
         lines += [f"## tau at T = {t:g} ({counts} prompts x {len(info['seeds'])} seed(s), {args.new_tokens} new "
                   "tokens; paired bootstrap over prompts, 95% interval)", "", markdown(*tables[f"tau_T{t:g}"]), "",
                   f"Modeled speedup at T = {t:g}: tau x t_target / (t_verify + t_draft) of the Qwen3-8B production "
-                  f"counterparts on an {REPORT_GPU} (context {DEFAULT_CONTEXT}; `python -m deepspec_train.serving_cost`)",
+                  f"counterparts on an {REPORT_GPU} (context {DEFAULT_CONTEXT}; "
+                  "`python -m deepspec_train.serving_cost`)",
                   "", markdown(*tables[f"speedup_T{t:g}"]), ""]
     lines += ["## Draft cost", "", markdown(*tables["draft_cost"]), ""]
     first = report["temperatures"][f"{args.temperatures[0]:g}"]["ratios"]

@@ -125,7 +125,8 @@ def round_times(served: ServedDrafter, gpu: GpuSpec, batch: int, context_len: in
 
 
 def _markdown(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)] + ["| " + " | ".join(r) + " |" for r in rows]
+    header = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return header + ["| " + " | ".join(r) + " |" for r in rows]
 
 
 def group_table(served: ServedDrafter, gpu: GpuSpec, shape: RoundShape) -> list[str]:
@@ -185,8 +186,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     print(f"### Draft time per round and modeled speedup per emitted token (context {args.context})\n")
     print("\n".join(_markdown(["drafter", "layer passes", "batch", "GPU", "draft us", f"draft / {reference.name}",
                                "verify us", "target step us", "t_target / (t_verify + t_draft)"], rows)))
-    print("\nGPU facts: " + "; ".join(f"{s.name} {s.hbm_bytes_per_s / 1e12:g} TB/s, "
-                                      f"{s.bf16_dense_flops_per_s / 1e12:g} TFLOP/s ({s.source})" for s in GPUS.values()))
+    facts = (f"{s.name} {s.hbm_bytes_per_s / 1e12:g} TB/s, {s.bf16_dense_flops_per_s / 1e12:g} TFLOP/s ({s.source})"
+             for s in GPUS.values())
+    print("\nGPU facts: " + "; ".join(facts))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from deepspec_train.models.block_drafting import DraftContext
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.reference_configs import qwen3_reference_configs
 from deepspec_train.serving_cost import (
-    ServedDrafter, group_seconds, production_counterpart, round_seconds, round_times, served_recipe,
+    ServedDrafter, group_seconds, main, production_counterpart, round_seconds, round_times, served_recipe,
 )
 from deepspec_train.serving_kernels import ACTIVATION_BYTES, LOGIT_BYTES, WEIGHT_BYTES, RoundShape, target_round
 
@@ -170,3 +170,13 @@ def test_production_counterparts_keep_the_structure_and_take_the_widths() -> Non
     assert eagle.drafter.draft_vocab_size == 32000 and eagle.sequential_passes() == 7
     with pytest.raises(ValueError, match="no production recipe"):
         production_counterpart(tiny, 2, "tiny", production=("qwen3-8b-eagle3",))
+
+
+def test_the_printed_tables(capsys) -> None:
+    main(["--context", "256"])
+    out = capsys.readouterr().out
+    for name in ("DSpark 5L r256 vanilla", "DSpark 5L r256 rnn", "DFlash 5L", "EAGLE-3 1x7", "tiny-dspark at Qwen3-8B"):
+        assert f"### {name}: one round at batch 1, context 256, H200" in out
+        for gpu in ("H100", "H200", "B200"):
+            assert f"| {name} |" in out and f"| 32 | {gpu} |" in out
+    assert "| EAGLE-3 1x7 | 7 | 1 | H200 |" in out and "GPU facts: H100 3.35 TB/s" in out
