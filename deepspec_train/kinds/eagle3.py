@@ -17,6 +17,7 @@ from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
 )
 from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.serving_kernels import eagle3_round
 
 if TYPE_CHECKING:
     import torch
@@ -182,6 +183,7 @@ EAGLE3 = DrafterKind(
     block_drafter=_block_drafter,
     sequential_passes=_sequential_passes,
     flops_per_sequence=_flops,
+    serving_round=eagle3_round,
     layouts=_layouts,
     reads_export=_reads_export,
 )

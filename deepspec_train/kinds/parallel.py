@@ -16,6 +16,7 @@ from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
 )
 from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.serving_kernels import parallel_round
 
 if TYPE_CHECKING:
     import torch
@@ -139,6 +140,7 @@ _SHARED = dict(
     block_drafter=_block_drafter,
     sequential_passes=_sequential_passes,
     flops_per_sequence=_flops,
+    serving_round=parallel_round,
 )
 
 DSPARK = DrafterKind(

@@ -4,8 +4,9 @@ Every decision that depends on the kind of drafter (DSpark, DFlash, EAGLE-3, or 
 record of that kind instead of a ``kind == ...`` switch: which recipe settings it accepts, how its module is
 built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
 selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
-costs, its FLOPs for sizing, and which serving layouts it exports to. The records themselves live in
-``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
+costs, its FLOPs for sizing, its kernel groups per serving round (``serving_cost``), and which serving layouts it
+exports to. The records themselves live in ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py``
+looks them up.
 
 The kind modules import torch and the model code only inside their functions: recipe validation
 (``validation.load_recipe``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from deepspec_train.models.block_drafting import BlockDrafter
     from deepspec_train.models.parallel_drafter import DrafterOutput
+    from deepspec_train.serving_kernels import RoundShape, ServingRound
 
 
 @dataclass
@@ -57,6 +59,8 @@ class DrafterKind:
     - ``block_drafter(module, labels)``: the evaluator's drafting strategy for a loaded module.
     - ``sequential_passes(drafter_cfg)``: decoder-layer passes one drafted block needs one after the other.
     - ``flops_per_sequence(cfg, geometry, seq_len, anchors)``: forward + backward FLOPs of one nominal sequence.
+    - ``serving_round(drafter_cfg, geometry, taps, shape)``: one serving round's sequential kernel groups, their
+      bytes and FLOPs (``serving_kernels``), for a drafter reading ``taps`` target layers.
     - ``layouts(labels)``: the serving layouts a drafter trained with ``labels`` exports to, default first.
     - ``reads_export(layout, config)``: whether an export config in ``layout`` holds a drafter of this kind.
     """
@@ -76,6 +80,7 @@ class DrafterKind:
     block_drafter: "Callable[[nn.Module, str], BlockDrafter]"
     sequential_passes: Callable[[DrafterConfig], int]
     flops_per_sequence: Callable[[RecipeConfig, DrafterGeometry, int, int], float]
+    serving_round: "Callable[[DrafterConfig, DrafterGeometry, int, RoundShape], ServingRound]"
     layouts: Callable[[str], tuple[str, ...]]
     reads_export: Callable[[str, Mapping[str, Any]], bool]
 
