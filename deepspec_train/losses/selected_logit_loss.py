@@ -65,7 +65,8 @@ DISTANCE_SCALE = {"tv": 1.0, "l1": 2.0}
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The scalar knobs of the loss (``cfg.loss``'s), checked once when the record is made."""
+    """The scalar knobs of ``selected_logit_loss``, from ``cfg.loss`` once per run (``LossSettings.of``) and
+    checked once when the record is made. The position weights and the normaliser are the caller's."""
 
     temperature: float = 1.0
     alpha_ce: float = 0.1
@@ -401,15 +402,13 @@ def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
 def _gradient_buffers(wanted: dict[str, bool], rows: SupervisedRows) -> dict[str, torch.Tensor]:
     """Gradient buffers for the wanted inputs; row-shaped ones are filled per chunk, weight-shaped ones
     accumulate over chunks and so accumulate in fp32 at least, whatever the weight dtype."""
+    shapes = {name: getattr(rows, name) for name in _DIFFERENTIABLE}
     accumulated = {"draft_head_weight", "markov_w2"}
-    buffers = {}
-    for name in _DIFFERENTIABLE:
-        if not wanted[name]:
-            continue
-        t = getattr(rows, name)
-        buffers[name] = (torch.zeros_like(t, dtype=torch.promote_types(t.dtype, torch.float32))
-                         if name in accumulated else torch.empty_like(t))
-    return buffers
+    return {
+        name: torch.zeros_like(t, dtype=torch.promote_types(t.dtype, torch.float32)) if name in accumulated
+        else torch.empty_like(t)
+        for name, t in shapes.items() if wanted[name]
+    }
 
 
 def _cast_to_input_dtypes(grads: dict[str, torch.Tensor], rows: SupervisedRows) -> dict[str, torch.Tensor]:
