@@ -345,6 +345,24 @@ def test_exporter_refuses_missing_tensor_or_field(tmp_path, target_dir, tensor, 
     assert not (tmp_path / "export").exists()
 
 
+def test_loader_refuses_a_confidence_head_without_markov_head(tmp_path, target_dir):
+    """The DSpark layout allows that head, no drafter kind has it: the loader refuses the export's config in one
+    line (it checks the export's own fields, it builds no recipe from them)."""
+    cfg = tiny_recipe("dflash", target_dir)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["markov_rank"] == 0
+    config |= {"enable_confidence_head": True, "confidence_head_with_markov": False}
+    (out / "config.json").write_text(json.dumps(config))
+    state = load_file(str(out / "model.safetensors"))
+    state |= {"confidence_head.proj.weight": torch.zeros(1, HIDDEN), "confidence_head.proj.bias": torch.zeros(1)}
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="enable_confidence_head with markov_rank 0 does not load") as err:
+        load_exported_drafter(out, target_path=target_dir)
+    assert "\n" not in str(err.value)
+
+
 def test_validation_names_every_problem(tmp_path, target_dir):
     out, _ = exported_dspark(tmp_path, target_dir)
     loaded = load_exported_drafter(out)

@@ -7,6 +7,10 @@
 - a training output directory ``<run>/drafter`` (``drafter_config.json`` + ``drafter.safetensors``, trainable
   weights only), or the run directory ``<run>`` itself, so evaluation works before export.
 
+An export's config is checked by its layout (``validate_layout``) and the few rules below on fields that no kind
+can load; no recipe is rebuilt from it. A training directory's config was written from a recipe that passed
+``validation.load_recipe`` and is trusted.
+
 Frozen target heads come from the export when it holds them (DSpark layout), otherwise from ``target_path``
 (default: the training run's recorded target) via ``load_head_weights``. The module is built on the meta device
 and its tensors assigned from the checkpoint, so no random initialisation runs for production-size drafters.
@@ -27,7 +31,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.kinds.serving_layouts import (
     OMITTED_TENSORS,
     TensorSpec,
@@ -164,9 +168,6 @@ def _build(
     state: dict[str, torch.Tensor],
 ) -> nn.Module:
     spec = kind_spec(drafter_cfg.kind)
-    problems = spec.recipe_problems(RecipeConfig(drafter=drafter_cfg, target=TargetConfig(layer_ids=list(layer_ids))))
-    if problems:
-        raise ValueError("; ".join(problems))
     if "d2t" in state and "t2d" in state:
         check_draft_vocab(state["d2t"], state["t2d"])
     # Built outside the meta context first: the kind may add the buffers it derives (identity maps) to ``state``.
@@ -220,6 +221,9 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         rank, confidence = config["markov_rank"], config["enable_confidence_head"]
         if confidence and config["confidence_head_with_markov"] != (rank > 0):
             raise ValueError("only confidence heads that read the Markov rows exactly when markov_rank > 0 load")
+        # The layout allows a confidence head without a Markov head, but no drafter kind has one (DFlash has neither).
+        if confidence and rank == 0:
+            raise ValueError("enable_confidence_head with markov_rank 0 does not load: no drafter kind has that head")
         layer_ids, mask_id = config["target_layer_ids"], config["mask_token_id"]
         drafter_cfg = DrafterConfig(
             kind=kind, num_layers=config["num_hidden_layers"],

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class LossInputs:
-    """The kind-specific arguments of ``selected_logit_loss`` for one forward's supervised rows."""
+    """The kind-specific fields of the loss's ``SupervisedRows`` for one forward's supervised rows."""
 
     weights: "torch.Tensor"
     draft_to_target: "Optional[torch.Tensor]"
