@@ -17,12 +17,9 @@ from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
-from deepspec_train.kinds.serving_layouts import (
-    LayoutError,
-    layer_ids_from_eagle3_config,
-    validate_layout,
-    vllm_eagle3_layer_ids,
-)
+from deepspec_train.kinds.eagle3_layout import layer_ids_from_eagle3_config, vllm_eagle3_layer_ids
+from deepspec_train.kinds.layout_registry import validate_layout
+from deepspec_train.kinds.layout_spec import LayoutError
 from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids

@@ -4,7 +4,8 @@ Every decision that depends on the kind of drafter (DSpark, DFlash, EAGLE-3, or 
 record of that kind instead of a ``kind == ...`` switch: which recipe settings it accepts, how its module is
 built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
 selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
-costs, its FLOPs for sizing, and which serving layouts it exports to. The records themselves live in
+costs, its FLOPs for sizing, and which serving layouts it exports to (the layouts themselves are
+``ServingLayout`` records, ``kinds.layout_spec``). The records themselves live in
 ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
 
 The kind modules import torch and the model code only inside their functions: recipe validation
@@ -58,7 +59,8 @@ class DrafterKind:
     - ``sequential_passes(drafter_cfg)``: decoder-layer passes one drafted block needs one after the other.
     - ``flops_per_sequence(cfg, geometry, seq_len, anchors)``: forward + backward FLOPs of one nominal sequence.
     - ``layouts(labels)``: the serving layouts a drafter trained with ``labels`` exports to, default first.
-    - ``reads_export(layout, config)``: whether an export config in ``layout`` holds a drafter of this kind.
+    - ``holds_export(drafter_cfg)``: whether the drafter settings read back from an export in one of this kind's
+      ``layouts`` are this kind's (a DSpark and a rank-0 DFlash share the DSpark layout).
     """
 
     name: str
@@ -77,7 +79,7 @@ class DrafterKind:
     sequential_passes: Callable[[DrafterConfig], int]
     flops_per_sequence: Callable[[RecipeConfig, DrafterGeometry, int, int], float]
     layouts: Callable[[str], tuple[str, ...]]
-    reads_export: Callable[[str, Mapping[str, Any]], bool]
+    holds_export: Callable[[DrafterConfig], bool]
 
     def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""
