@@ -1,19 +1,28 @@
 """Structural rules of the package, checked on its source: imports go one way between modules and between
 packages (no module or package imports itself back through others; function-level and type-checking imports
-count), and decisions on the drafter kind go through the kind
-registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches and ``isinstance`` tests on drafter
-classes scattered over the code."""
+count), decisions on the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of
+``kind == ...`` switches and ``isinstance`` tests on drafter classes scattered over the code, decisions on the
+serving layout go through the layout records instead of ``layout == ...`` switches, and the recipe schema's
+enumerations agree with the registries."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import get_args
+
+from deepspec_train.config.schema import DrafterKindName
+from deepspec_train.kinds.layout_registry import LAYOUTS
+from deepspec_train.kinds.registry import KINDS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepspec_train"
 KIND_NAMES = {"dspark", "dflash", "eagle3"}
 DRAFTER_CLASSES = {"ParallelDrafter", "Eagle3Drafter"}
 # The only modules that may name a drafter kind: the recipe schema (its allowed values) and the kind records.
 KIND_PLACES = {"config/schema.py", "kinds/parallel.py", "kinds/eagle3.py"}
+# Layout names and the architectures that identify them; only the layout records may test for one.
+LAYOUT_NAMES = set(LAYOUTS) | {spec.architecture for spec in LAYOUTS.values()}
+LAYOUT_PLACES = {"kinds/dspark_layout.py", "kinds/zlab_dflash_layout.py", "kinds/eagle3_layout.py"}
 
 
 def _modules() -> dict[str, Path]:
@@ -173,3 +182,57 @@ def test_the_kind_check_finds_a_switch() -> None:
         "w = loaded.kind in ('dspark', 'dflash')\n"
     )
     assert _kind_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
+
+
+def _literals(node: ast.AST) -> list[object]:
+    """The constants ``node`` is or holds (a tuple / list / set of constants)."""
+    elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [elt.value for elt in elements if isinstance(elt, ast.Constant)]
+
+
+def _layout_decisions(tree: ast.AST) -> list[int]:
+    """Lines that compare a layout (or an architecture) to a layout name or architecture, or index a layout-keyed
+    mapping by a layout."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            named = any(value in LAYOUT_NAMES for op in operands for value in _literals(op))
+            layout_side = any(word in ast.unparse(op) for op in operands for word in ("layout", "arch"))
+            if named and layout_side:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Dict):
+            keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+            if keys & LAYOUT_NAMES and "layout" in ast.unparse(node.slice):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_serving_layout_decisions_go_through_the_records() -> None:
+    offenders = {}
+    for path in _modules().values():
+        relative = str(path.relative_to(PACKAGE))
+        if relative in LAYOUT_PLACES:
+            continue
+        lines = _layout_decisions(ast.parse(path.read_text()))
+        if lines:
+            offenders[relative] = lines
+    assert offenders == {}
+
+
+def test_the_layout_check_finds_a_switch() -> None:
+    """The scan above must catch the patterns it forbids (else it would pass on anything)."""
+    source = (
+        "if layout == 'eagle3':\n    pass\n"
+        "x = plan.layout != 'dspark'\n"
+        "y = spec.layout in ('dspark', 'zlab-dflash')\n"
+        "z = {'dspark': 1, 'eagle3': 2}[layout]\n"
+        "w = arch == 'DFlashDraftModel'\n"
+        "v = labels == 'dspark'\n"
+    )
+    assert _layout_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
+
+
+def test_the_schema_names_the_registered_kinds() -> None:
+    """The recipe schema's ``drafter.kind`` values are the kind registry's names (one list, checked both ways)."""
+    assert set(get_args(DrafterKindName)) == set(KINDS)

@@ -21,8 +21,6 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-
 from deepspec_train.config.schema import DSPARK_LABELS, MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
 from deepspec_train.kinds.engine_reading import SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone
@@ -77,6 +75,8 @@ def _check_temperatures(check: ConfigCheck, block_size: int | None, confidence: 
 
 def _markov_tensors(head_type: Any, rank: int, d: int, vocab: int) -> dict[str, TensorSpec]:
     """The Markov head's tensors: the two low-rank factors, plus the gate or the recurrent cell of its form."""
+    import torch
+
     f = torch.float32
     tensors = {
         "markov_head.markov_w1.weight": TensorSpec((vocab, rank), f),
@@ -115,6 +115,8 @@ def _check(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     if None in (g, num_layers, layer_ids, rank, confidence, with_markov):
         return None
     tensors = parallel_backbone(g, num_layers, len(layer_ids))
+    import torch
+
     f = torch.float32
     tensors["embed_tokens.weight"] = TensorSpec((g.vocab, g.d), f)
     tensors["lm_head.weight"] = TensorSpec((g.vocab, g.d), f)

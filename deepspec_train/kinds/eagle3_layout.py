@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-import torch
-
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.kinds.engine_reading import (
     FIRST_ID_ONE_TARGETS,
@@ -40,6 +38,7 @@ from deepspec_train.kinds.layout_spec import (
 )
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
 NAME = "eagle3"
@@ -91,6 +90,8 @@ def check_eagle3_taps(layer_ids: list[int], num_target_layers: int) -> None:
 
 def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
     """The EAGLE-3 maps agree: ``d2t[i] + i`` are increasing target ids, exactly the ones ``t2d`` marks."""
+    import torch
+
     target_ids = torch.arange(d2t.shape[0], dtype=torch.long) + d2t.long().cpu()
     members = t2d.bool().cpu()
     problems = []
@@ -163,6 +164,8 @@ def _check(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     top = _check_layer_ids(check, num_target)
     if None in (g, draft_vocab, top):
         return None
+    import torch
+
     f = torch.float32
     tensors = decoder_layer_tensors("midlayer.", g, 2 * g.d, qk_norm=False)
     tensors.update(

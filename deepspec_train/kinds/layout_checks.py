@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 class TensorSpec(NamedTuple):
@@ -135,6 +136,8 @@ def config_geometry(check: ConfigCheck) -> Geometry | None:
 
 def decoder_layer_tensors(prefix: str, g: Geometry, attn_in: int, qk_norm: bool) -> dict[str, TensorSpec]:
     """One Qwen3/Llama decoder layer; ``attn_in`` is the attention input width (2d for EAGLE-3)."""
+    import torch
+
     f = torch.float32
     shapes = {
         "input_layernorm.weight": (g.d,),
@@ -155,6 +158,8 @@ def decoder_layer_tensors(prefix: str, g: Geometry, attn_in: int, qk_norm: bool)
 
 def parallel_backbone(g: Geometry, num_layers: int, num_taps: int) -> dict[str, TensorSpec]:
     """The DSpark / DFlash backbone: ``fc`` over ``num_taps`` target layers, its norms and ``num_layers`` layers."""
+    import torch
+
     f = torch.float32
     tensors = {
         "fc.weight": TensorSpec((g.d, num_taps * g.d), f),
