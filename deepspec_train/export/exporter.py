@@ -10,10 +10,10 @@ lines), the SGLang STS file when a calibration is given, and the layout's compan
 ``dflash.py`` modeling file, which ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads). Everything
 that depends on the layout comes from its ``ServingLayout`` record (``kinds.layout_registry``).
 
-Which drafter goes in which layout (the kinds' ``layouts``): DSpark -> ``dspark``; DFlash trained with DSpark labels -> ``dspark``
-(``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``; EAGLE-3 ->
-``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused: weights
-trained with one label convention compute something else under the other. A layout that stores copies of the
+Which drafter goes in which layout (the kinds' ``layouts``): DSpark -> ``dspark``; DFlash trained with DSpark
+labels -> ``dspark`` (``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``;
+EAGLE-3 -> ``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused:
+weights trained with one label convention compute something else under the other. A layout that stores copies of the
 target's ``embed_tokens`` / ``lm_head`` (DSpark's) gets them from the target checkpoint so that engines which use
 the target's own heads get the same model.
 
@@ -188,7 +188,7 @@ def export_drafter(
     written, the plan is checked against the engines' rules (``engine_rules.check_engines``: ``engines`` default to
     every engine that serves the layout); a refused export raises ``EngineRuleError``. ``sts_file`` (SGLang's STS
     calibration file from ``deepspec calibrate``) is validated and copied next to the export. The export also gets
-    a README.md (how each engine serves it) and, in the z-lab layout, the dflash.py modeling file."""
+    a README.md (how each engine serves it) and the layout's companion files (the z-lab layout's dflash.py)."""
     target_path = str(target_path)
     loaded = load_exported_drafter(drafter_dir, target_path)
     target_config = json.loads((Path(target_path) / "config.json").read_text())

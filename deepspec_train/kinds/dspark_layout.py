@@ -22,12 +22,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DSPARK_LABELS, MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
-from deepspec_train.kinds.engine_reading import SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config
-from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone
+from deepspec_train.kinds.engine_reading import (
+    SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
+)
+from deepspec_train.kinds.layout_checks import (
+    ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
+)
 from deepspec_train.kinds.layout_spec import (
     ExportReading, ServingLayout, WrittenDrafter, no_companion_files, no_readme_section, stacked_depth,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, sglang_block_reader, vllm_block_reader
+from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
 if TYPE_CHECKING:
     from torch import nn
@@ -188,7 +192,8 @@ def _sglang_unserved(config: Mapping[str, Any]) -> Optional[str]:
     rank = config.get("markov_rank", 0)
     if isinstance(rank, int) and rank > 0:
         return None
-    return f"SGLang's DSPARK requires markov_rank > 0 (got {rank}); a DSpark-label DFlash is for comparisons, not for serving"
+    return (f"SGLang's DSPARK requires markov_rank > 0 (got {rank}); a DSpark-label DFlash is for comparisons, not "
+            "for serving")
 
 
 def _sglang_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
@@ -227,10 +232,9 @@ DSPARK_LAYOUT = ServingLayout(
     check=_check,
     taps=_taps,
     read=_read,
-    engines={
-        "vllm": vllm_block_reader(NAME, BlockServing(_vllm_unserved, _vllm_serve)),
-        "sglang": sglang_block_reader(NAME, BlockServing(_sglang_unserved, _sglang_serve)),
-    },
+    engines=block_layout_engines(
+        NAME, BlockServing(_vllm_unserved, _vllm_serve), BlockServing(_sglang_unserved, _sglang_serve)
+    ),
     companion_files=no_companion_files,
     readme_section=no_readme_section,
 )

@@ -38,6 +38,11 @@ class BlockServing:
     serve: Callable[[EngineReading, Config, Config, TargetFacts, ServePaths], None]
 
 
+def block_layout_engines(layout: str, vllm: BlockServing, sglang: BlockServing) -> dict[str, EngineReader]:
+    """The ``engines`` of block-drafter ``layout``: each engine's reader with the layout's ``BlockServing``."""
+    return {"vllm": vllm_block_reader(layout, vllm), "sglang": sglang_block_reader(layout, sglang)}
+
+
 def _sglang_target_ids(config: Config) -> list[int] | None:
     dflash = config.get("dflash_config")
     nested = config_ids(dflash.get("target_layer_ids")) if isinstance(dflash, Mapping) else None

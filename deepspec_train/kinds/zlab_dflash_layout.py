@@ -15,10 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig
-from deepspec_train.kinds.engine_reading import EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config
-from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone
+from deepspec_train.kinds.engine_reading import (
+    EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
+)
+from deepspec_train.kinds.layout_checks import (
+    ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
+)
 from deepspec_train.kinds.layout_spec import ExportReading, ServingLayout, WrittenDrafter, stacked_depth
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, sglang_block_reader, vllm_block_reader
+from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
 if TYPE_CHECKING:
     from torch import nn
@@ -144,10 +148,7 @@ ZLAB_DFLASH_LAYOUT = ServingLayout(
     check=_check,
     taps=_taps,
     read=_read,
-    engines={
-        "vllm": vllm_block_reader(NAME, BlockServing(_served, _vllm_serve)),
-        "sglang": sglang_block_reader(NAME, BlockServing(_served, _sglang_serve)),
-    },
+    engines=block_layout_engines(NAME, BlockServing(_served, _vllm_serve), BlockServing(_served, _sglang_serve)),
     companion_files=_companion_files,
     readme_section=_readme_section,
 )
