@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
-from deepspec_train.config.schema import DrafterKindName
+from deepspec_train.config.schema import LABEL_CONVENTIONS, DrafterKindName
 from deepspec_train.kinds.layout_registry import LAYOUTS
 from deepspec_train.kinds.registry import KINDS
 
@@ -221,3 +221,10 @@ def test_the_layout_check_finds_a_switch() -> None:
 def test_the_schema_names_the_registered_kinds() -> None:
     """The recipe schema's ``drafter.kind`` values are the kind registry's names (one list, checked both ways)."""
     assert set(get_args(DrafterKindName)) == set(KINDS)
+
+
+def test_every_kind_exports_to_registered_layouts() -> None:
+    """A kind's ``layouts`` name layout records, for every label convention."""
+    for kind in KINDS.values():
+        for labels in LABEL_CONVENTIONS:
+            assert set(kind.layouts(labels)) <= set(LAYOUTS), (kind.name, labels)
