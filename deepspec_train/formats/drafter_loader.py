@@ -10,9 +10,9 @@
 
 Frozen target heads come from the export when it holds them (DSpark layout), otherwise (the layout's
 ``from_target`` tensors) from ``target_path`` (default: the training run's recorded target) via
-``load_head_weights``. The module is built on the meta device
-and its tensors assigned from the checkpoint, so no random initialisation runs for production-size drafters.
-It is returned in eval mode with gradients off, in the checkpoint's float dtype unless ``dtype`` is given.
+``load_head_weights``. The module is built on the meta device and its tensors assigned from the checkpoint, so no
+random initialisation runs for production-size drafters. It is returned in eval mode with gradients off, in the
+checkpoint's float dtype unless ``dtype`` is given.
 """
 
 from __future__ import annotations
