@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepspec_train.config.schema import RecipeConfig, TargetConfig
+from deepspec_train.config.schema import MARKOV_HEAD_TYPES, RecipeConfig, TargetConfig
 from deepspec_train.models.block_drafting import DraftContext, ParallelBlockDrafter
 from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRows, selected_logit_loss
@@ -65,7 +65,7 @@ def _random_heads(model: ParallelDrafter) -> ParallelDrafter:
     return model
 
 
-@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("head_type", MARKOV_HEAD_TYPES)
 def test_latents_follow_the_written_out_formulas(head_type: str) -> None:
     model = _random_heads(tiny_drafter("dspark", markov_head_type=head_type))
     batch = _batch()

@@ -27,14 +27,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.config.schema import MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.qwen3_layers import AttentionBackend, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, attend
 from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
 
 INIT_STD = 0.02
-MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
 @dataclass
@@ -149,7 +148,7 @@ class MarkovHead(nn.Module):
     ``RNNHead``), which loads each type; vLLM's ``qwen3_dspark.py`` has only the vanilla head.
     """
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int, head_type: str = "vanilla") -> None:
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, head_type: str = VANILLA_MARKOV_HEAD) -> None:
         super().__init__()
         if head_type not in MARKOV_HEAD_TYPES:
             raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {head_type!r}")
