@@ -60,7 +60,7 @@ from deepspec_train.kinds.layout_registry import layout_of_config
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter
-from deepspec_train.jobs.assembly import load_token_datasets, validation_share
+from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, SCALE_TARGETS, scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
@@ -225,7 +225,7 @@ def _validation_batch(cfg):
     assert (len(datasets["train"]), len(datasets["validation"])) == (TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS)
     rows = datasets["validation"]
     tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
-    return validation_share(cfg, rows, tap, 0, 1, ctx.device).batches()[0]
+    return validation_pass(validation_plan(cfg, rows, 0, 1), chunk_builder(cfg, tap, ctx.device))()[0]
 
 
 @pytest.mark.parametrize("recipe", list(SCALE_TIER))

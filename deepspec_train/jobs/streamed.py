@@ -4,10 +4,10 @@ drafter workers train on them.
 Ranks ``< T`` are target ranks, in groups of ``topology.target_tp`` (``streaming.roles``): each group loads the
 data and one replica of the target (the whole target on one rank, or one tensor-parallel shard per rank,
 ``target.tensor_parallel``) and streams each served drafter its micro-batches (``streaming.target_worker``), built
-with the same ``jobs.assembly`` feature sources a colocated rank with that drafter's index would build. The other
-ranks are drafter workers: they read only the target's config, embedding and LM-head weights (never its decoder
-layers, never the data), receive features (``StreamedFeatureSource``) and finish like a colocated job
-(``train_and_finish``), with gradients synchronised over the drafter ranks only.
+from the same ``jobs.assembly`` step plans and chunk builder a colocated rank with that drafter's index would use.
+The other ranks are drafter workers: they read only the target's config, embedding and LM-head weights (never
+its decoder layers, never the data), receive features (``StreamedFeatureSource``) and finish like a colocated
+job (``train_and_finish``), with gradients synchronised over the drafter ranks only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
+    chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_plan,
 )
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.console import get_logger, speak_for_role
@@ -96,11 +96,10 @@ def run_target_role(
     drafters = topology.num_drafters
     feeds = []
     for route in topology.routes_from(group):
-        train = train_source(cfg, train_rows, tap, route.drafter, drafters, ctx.device)
         validation = None
         if "validation" in datasets:
-            validation = validation_share(cfg, datasets["validation"], tap, route.drafter, drafters, ctx.device)
-        feeds.append(DrafterFeed(route, train, validation))
+            validation = validation_plan(cfg, datasets["validation"], route.drafter, drafters)
+        feeds.append(DrafterFeed(route, train_plan(cfg, train_rows, route.drafter, drafters), validation))
     counts = None
     if sends and kind_spec(cfg.drafter.kind).needs_token_counts:
         # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
@@ -114,7 +113,8 @@ def run_target_role(
     name = topology.describe_group(group)
     if sends:
         log.info("%s feeds drafters %s; %d steps", name, [r.drafter for r in topology.routes_from(group)], plan.total_steps)
-    report = run_target_loop(feeds, plan, topology, ctx.device, cfg.stream.depth, cfg.stream.timeout_s, tp_group, sends)
+    builder = chunk_builder(cfg, tap, ctx.device)
+    report = run_target_loop(feeds, builder, plan, topology, cfg.stream, ctx.device, tp_group, sends)
     if sends:
         log.info(
             "%s done: %.1f MB sent; peak %.2f MB in flight (stream.depth = %d micro-batches)",
@@ -123,7 +123,7 @@ def run_target_role(
 
 
 def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, out_dir: Path) -> TrainSummary:
-    source = StreamedFeatureSource(topology, ctx.rank, ctx.device, cfg.stream.timeout_s)
+    source = StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s)
     # Seeded by the drafter index, as a colocated rank with that index would be, so both modes start alike.
     torch.manual_seed(cfg.run.seed + ctx.rank)
     drafter, head_weight = build_drafter_from_files(cfg, source.plan.token_counts, ctx.device)
