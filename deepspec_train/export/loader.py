@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 from torch import nn
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
@@ -35,6 +34,11 @@ from deepspec_train.export.layouts import (
     layer_ids_from_eagle3_config,
     layout_of_config,
     validate_layout,
+)
+from deepspec_train.formats.published_drafters import (
+    check_fits_target,
+    complete_eagle3_checkpoint,
+    read_drafter_weights,
 )
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
@@ -174,12 +178,15 @@ def _build(
     return _materialise(lambda: spec.build_from_state(drafter_cfg, geometry, layer_ids, state), state)
 
 
-def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+def _from_training_dir(root: Path, target_path: str | None, check_target: bool) -> LoadedDrafter:
     trained = read_trained_drafter(root)
     drafter_cfg, geometry, layer_ids = trained.drafter, trained.geometry, trained.target_layer_ids
     target_path = target_path or trained.target_path
-    if target_path:
+    if target_path and check_target:
         check_same_target(trained.target_fingerprint, target_path, f"the drafter in {root}")
+    elif target_path:
+        check_fits_target("training", {"hidden_size": geometry.hidden_size, "vocab_size": geometry.vocab_size},
+                          trained.weights, layer_ids, None, target_path, f"the drafter in {root}")
     state = dict(trained.weights)
     spec = kind_spec(trained.kind)
     embed, lm_head = _target_heads(target_path, _weights_dtype(state))
@@ -204,15 +211,17 @@ def _export_geometry(config: dict[str, Any], num_target_layers: int) -> DrafterG
     return geometry_from_target_config(SimpleNamespace(**{**config, "num_hidden_layers": num_target_layers}))
 
 
-def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+def _from_export_dir(root: Path, target_path: str | None, check_target: bool) -> LoadedDrafter:
     config = json.loads((root / EXPORT_CONFIG).read_text())
     fingerprint = config.get(FINGERPRINT_FIELD)
-    if target_path:
+    if target_path and check_target:
         check_same_target(fingerprint, target_path, f"the export in {root}")
     layout = layout_of_config(config)
-    weights = root / EXPORT_WEIGHTS
-    validate_layout(layout, config, read_tensor_specs(weights))
-    state = load_file(str(weights))
+    # Published drafters come sharded, pickled or (EAGLE-3) without taps: see formats.published_drafters.
+    state = read_drafter_weights(root)
+    if layout == "eagle3":
+        config, state = complete_eagle3_checkpoint(config, state, target_path)
+    validate_layout(layout, config, state)
     dtype = _weights_dtype(state)
     kind = kind_of_export(layout, config).name
     temperatures = None
@@ -245,6 +254,9 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         )
         # Only used as metadata by the EAGLE-3 module; the smallest depth consistent with its taps when absent.
         geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
+    if target_path and (fingerprint is None or not check_target):
+        # Nothing records the training target: check that the drafter's shapes and vocabulary fit this one.
+        check_fits_target(layout, config, state, list(layer_ids), mask_id, target_path, f"the drafter in {root}")
     omitted = OMITTED_TENSORS[layout]
     if omitted:
         heads = kind_spec(kind).frozen_head_state(*_target_heads(target_path, dtype))
@@ -268,12 +280,14 @@ def load_exported_drafter(
     target_path: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    check_target: bool = True,
 ) -> LoadedDrafter:
-    """Load a drafter export or training output (see the module docstring) onto ``device``."""
+    """Load a drafter export or training output (see the module docstring) onto ``device``. ``check_target``
+    False (fine-tuning a drafter for another target) replaces the fingerprint check by ``check_fits_target``."""
     root = resolve_drafter_dir(path)
     if is_trained_drafter_dir(root):
-        loaded = _from_training_dir(root, target_path)
+        loaded = _from_training_dir(root, target_path, check_target)
     else:
-        loaded = _from_export_dir(root, target_path)
+        loaded = _from_export_dir(root, target_path, check_target)
     loaded.module.to(device=device, dtype=dtype)
     return loaded

@@ -9,6 +9,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
     load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
 )
+from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.models.factory import build_drafter
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
@@ -20,7 +21,9 @@ def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSu
     datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)
-    drafter = build_drafter(cfg, target, datasets["train"]).to(ctx.device)
+    drafter = build_drafter(cfg, target, datasets["train"])
+    initialise_from(drafter, cfg)
+    drafter = drafter.to(ctx.device)
     head_weight = target.get_output_embeddings().weight.detach()
     source = train_source(cfg, datasets["train"], tap, ctx.rank, ctx.world_size, ctx.device)
     validation = None
