@@ -176,3 +176,31 @@ def test_old_single_drafter_invocation_still_writes_results_json(world, tmp_path
     results = json.loads(out.read_text())
     assert results["temperature"] == 0.0 and results["seed"] == 3 and set(results["suites"]) == {"humaneval"}
     assert os.path.basename(results["drafter"]) == "drafter"
+
+
+@pytest.mark.slow
+def test_table1_on_the_tiny_world_target_from_the_shared_datasets(tiny_world, tmp_path, monkeypatch):
+    """The issue's acceptance run: suites prepared from ``../shared/datasets`` (or their fixtures) and the other
+    schemas, DSpark, DFlash and EAGLE-3 for the tiny world's target, one command, intervals and W&B runs."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = tiny_world / "target"
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    world = {"root": tmp_path, "suites": prepare_all_suites(tmp_path, sample=2), "drafters": {}}
+    (tmp_path / "target").symlink_to(target, target_is_directory=True)
+    for seed, kind in enumerate(KINDS):
+        loaded = random_drafter(model, tokenizer, kind, seed=seed)
+        cfg = drafter_recipe(kind, loaded.mask_token_id)
+        cfg.target.path = str(target)
+        world["drafters"][kind] = write_trained_drafter(loaded.module, cfg, tmp_path / kind / "drafter")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = tmp_path / "table1"
+    assert main(_comparison(world, out, "--baseline", "eagle3", "--seed", "0", "1", "--wandb")) == 0
+    table = json.loads((out / "table1.json").read_text())["tables"][0]
+    assert table["suites"] == list(SUITE_ORDER) and set(table["prompts"].values()) == {2}
+    for kind in ("dspark", "dflash"):
+        for estimate in table["ratios"][kind].values():
+            assert estimate["low"] <= estimate["high"]
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 3
