@@ -128,7 +128,8 @@ def test_eagle3_without_taps_gets_the_engines_default_from_the_target_depth(tmp_
         complete_eagle3_checkpoint({}, {EAGLE3_EMBEDDING: torch.zeros(11, 4)}, str(tmp_path))
 
 
-@pytest.mark.parametrize("name,kind,labels", [("deepspec-dspark", "dspark", "dspark"), ("zlab-dflash", "dflash", "zlab"),
+@pytest.mark.parametrize("name,kind,labels", [("deepspec-dspark", "dspark", "dspark"),
+                                              ("zlab-dflash", "dflash", "zlab"),
                                               ("specforge-eagle3", "eagle3", "dspark")])
 def test_init_from_copies_every_trained_tensor_into_the_recipes_drafter(published, name, kind, labels):
     source = published["modules"][name]

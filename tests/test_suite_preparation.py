@@ -73,8 +73,10 @@ def test_math500_parquet_and_aime_json_arrays(tmp_path):
                                          {"problem": "Solve $x^2=4$.", "answer": "2", "unique_id": "test/b/2.json"}]),
                    tmp_path / "test-00000-of-00001.parquet")
     rows = _prepare("math500", tmp_path / "test-00000-of-00001.parquet", tmp_path / "m.jsonl")
-    assert rows[1] == {"id": "test/b/2.json", "category": "math500", "turns": ["Solve $x^2=4$." + REASONING_INSTRUCTION]}
-    (tmp_path / "aime24.json").write_text(json.dumps([{"id": 60, "problem": "Find $n$.", "solution": "", "answer": "3"}]))
+    assert rows[1] == {"id": "test/b/2.json", "category": "math500",
+                       "turns": ["Solve $x^2=4$." + REASONING_INSTRUCTION]}
+    aime24 = [{"id": 60, "problem": "Find $n$.", "solution": "", "answer": "3"}]
+    (tmp_path / "aime24.json").write_text(json.dumps(aime24))
     assert _prepare("aime24", tmp_path / "aime24.json", tmp_path / "a24.jsonl")[0]["id"] == "60"
     _jsonl(tmp_path / "aime25" / "train.jsonl", [{"problem_idx": 1, "problem": "Find $b$.", "answer": "70"}])
     rows = _prepare("aime25", tmp_path / "aime25", tmp_path / "a25.jsonl")
@@ -89,7 +91,8 @@ def test_mbpp_from_a_saved_dataset_dict_takes_the_test_split(tmp_path):
     rows = _prepare("mbpp", tmp_path / "mbpp", tmp_path / "mbpp.jsonl")
     assert [(r["id"], r["turns"]) for r in rows] == [(str(i), [f"Write a function number {i}."]) for i in (11, 12, 13)]
     _jsonl(tmp_path / "full.jsonl", [{"task_id": 7, "text": "Write a python function to add.", "code": ""}])
-    assert _prepare("mbpp", tmp_path / "full.jsonl", tmp_path / "f.jsonl")[0]["turns"] == ["Write a python function to add."]
+    full = _prepare("mbpp", tmp_path / "full.jsonl", tmp_path / "f.jsonl")
+    assert full[0]["turns"] == ["Write a python function to add."]
 
 
 def test_gsm8k_from_a_datasets_cache_directory_of_arrow_files(tmp_path):
@@ -106,7 +109,8 @@ def test_gsm8k_from_a_datasets_cache_directory_of_arrow_files(tmp_path):
 
 
 def test_livecodebench_releases_with_and_without_starter_code(tmp_path):
-    _jsonl(tmp_path / "lcb" / "test.jsonl", [{"question_id": "abc301_a", "question_content": "Read N.", "starter_code": ""}])
+    _jsonl(tmp_path / "lcb" / "test.jsonl",
+           [{"question_id": "abc301_a", "question_content": "Read N.", "starter_code": ""}])
     _jsonl(tmp_path / "lcb" / "test2.jsonl", [{"question_id": "lc1", "question_content": "Sum it.",
                                                 "starter_code": "class Solution:\n    def f(self): pass"}])
     rows = _prepare("livecodebench", tmp_path / "lcb", tmp_path / "lcb.jsonl")
@@ -126,7 +130,8 @@ def test_mt_bench_first_turn_by_default_every_turn_on_request(tmp_path):
         {"id": "81", "category": "writing", "turns": ["Write a poem."]}]
     both = _prepare("mt-bench", tmp_path / "train.parquet", tmp_path / "mt2.jsonl", "--all-turns")
     assert both[0]["turns"] == ["Write a poem.", "Now shorter."]
-    fastchat = _jsonl(tmp_path / "question.jsonl", [{"question_id": 82, "category": "roleplay", "turns": ["Hi", "Bye"]}])
+    fastchat = _jsonl(tmp_path / "question.jsonl",
+                      [{"question_id": 82, "category": "roleplay", "turns": ["Hi", "Bye"]}])
     assert _prepare("mt-bench", fastchat, tmp_path / "fc.jsonl")[0]["turns"] == ["Hi"]
 
 
@@ -138,7 +143,8 @@ def test_alpaca_and_arena_hard_schemas(tmp_path):
     rows = _prepare("alpaca", tmp_path / "alpaca_data.json", tmp_path / "al.jsonl")
     assert [r["turns"] for r in rows] == [["Give three tips."], ["Translate.\n\nInput:\nBonjour"]]
     v2 = _jsonl(tmp_path / "v2" / "question.jsonl", [{"uid": "u1", "category": "hard_prompt", "prompt": "Zig?"}])
-    assert _prepare("arena-hard", v2, tmp_path / "ah.jsonl") == [{"id": "u1", "category": "hard_prompt", "turns": ["Zig?"]}]
+    assert _prepare("arena-hard", v2, tmp_path / "ah.jsonl") == [
+        {"id": "u1", "category": "hard_prompt", "turns": ["Zig?"]}]
     v01 = _jsonl(tmp_path / "v01.jsonl", [{"question_id": "q9", "category": "arena-hard-v0.1",
                                            "turns": [{"content": "Explain monads."}]}])
     assert _prepare("arena-hard", v01, tmp_path / "ah1.jsonl")[0]["turns"] == ["Explain monads."]

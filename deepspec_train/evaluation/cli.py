@@ -4,16 +4,16 @@
         [--suite FILE.jsonl ...] [--block-size K] [--temperature T] [--max-new-tokens N] [--max-prompts N] \\
         [--seed S] --out results.json [--save-traces TRACES.jsonl]
 
-    deepspec eval --target DIR --suite gsm8k=FILE --suite humaneval=FILE ... --drafter NAME=DIR --drafter ... \
+    deepspec eval --target DIR --suite gsm8k=FILE --suite humaneval=FILE ... --drafter NAME=DIR --drafter ... \\
         [--baseline NAME] [--temperature T ...] [--seed S ...] [--max-prompts N] --out OUT_DIR [--wandb]
 
-``--drafter`` is an export directory or a training output (``<run>/drafter``). With several drafters, or one given
-as ``NAME=DIR``, the command compares them on the paper's Table-1 layout in ``OUT_DIR``
-(``evaluation.comparison_eval``); with one plain ``--drafter`` it writes ``results.json`` as below. Each prompt of each suite is
-decoded as one conversation (all its turns); an empty suite (no prompts, or ``--max-prompts 0``) is refused
-before any model loads, and so is a target other than the one the drafter was trained for. ``results.json``
-holds tau, conditional acceptance per position and tokens/s per suite and category
-(``deepspec_train.evaluation.report``); ``--save-traces`` writes the per-round traces
+``--drafter`` is an export directory, a training output (``<run>/drafter``) or a published drafter. With several
+drafters, or one given as ``NAME=DIR``, the command compares them on the paper's Table-1 layout in ``OUT_DIR``
+(``evaluation.comparison_eval``, which always writes the traces); with one plain ``--drafter`` it writes
+``results.json`` as below. Each prompt of each suite is decoded as one conversation (all its turns); an empty
+suite (no prompts, or ``--max-prompts 0``) is refused before any model loads, and so is a target other than the
+one the drafter was trained for. ``results.json`` holds tau, conditional acceptance per position and tokens/s per
+suite and category (``deepspec_train.evaluation.report``); ``--save-traces`` writes the per-round traces
 (``deepspec_train.formats.eval_traces``), the input of ``deepspec calibrate`` and ``deepspec simulate``.
 """
 
@@ -50,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling temperature(s); 0 means greedy (several: a comparison only)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="per assistant turn")
     parser.add_argument("--max-prompts", type=int, default=None, help="first N prompts of each suite")
-    parser.add_argument("--seed", type=int, nargs="+", default=[0], help="sampling seed(s) (several: a comparison only)")
+    parser.add_argument("--seed", type=int, nargs="+", default=[0],
+                        help="sampling seed(s) (several: a comparison only)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", required=True, help="results.json path; a directory for a comparison")
     parser.add_argument("--save-traces", default=None, help="write per-round traces (JSONL) here")

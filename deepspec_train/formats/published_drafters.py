@@ -58,7 +58,8 @@ def read_drafter_weights(root: Path) -> dict[str, torch.Tensor]:
         if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
             raise PublishedDrafterError(f"{root / PICKLE_WEIGHTS} does not hold a name -> tensor mapping")
         return state
-    raise PublishedDrafterError(f"{root}: no drafter weights ({SAFETENSORS_WEIGHTS}, {SHARD_INDEX} or {PICKLE_WEIGHTS})")
+    raise PublishedDrafterError(
+        f"{root}: no drafter weights ({SAFETENSORS_WEIGHTS}, {SHARD_INDEX} or {PICKLE_WEIGHTS})")
 
 
 def target_config_of(target_path: str | Path) -> dict[str, Any]:

@@ -50,7 +50,8 @@ def split_files(directory: Path, split: str) -> list[Path]:
     if chosen:
         return chosen
     if any(_names_split(p, other) for p in files for other in KNOWN_SPLITS):
-        raise DataSourceError(f"{directory} holds no file of split {split!r} (files: {', '.join(p.name for p in files)})")
+        names = ", ".join(p.name for p in files)
+        raise DataSourceError(f"{directory} holds no file of split {split!r} (files: {names})")
     return files
 
 
