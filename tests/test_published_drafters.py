@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from deepspec_train.cli import main
+from deepspec_train.config.rules import recipe_problems
 from deepspec_train.export.exporter import plan_export
 from deepspec_train.export.loader import load_exported_drafter
 from deepspec_train.formats.published_drafters import (
@@ -170,3 +171,12 @@ def test_fine_tuning_a_published_dspark_starts_from_its_weights(published, tmp_p
     assert train_main(wrong) == 2
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and "drafter.init_from" in err[0] and "layers.1" in err[0], err
+
+
+def test_init_from_must_name_a_directory(published, tmp_path):
+    cfg = drafter_recipe("dspark", 3)
+    cfg.run.output_dir, cfg.target.path = str(tmp_path / "run"), str(published["target"])
+    cfg.drafter = dataclasses.replace(cfg.drafter, init_from=str(tmp_path / "nowhere"))
+    assert any(p.startswith("drafter.init_from = ") and "no such directory" in p for p in recipe_problems(cfg))
+    cfg.drafter = dataclasses.replace(cfg.drafter, init_from=str(published["dirs"]["deepspec-dspark"]))
+    assert not any("init_from" in p for p in recipe_problems(cfg))
