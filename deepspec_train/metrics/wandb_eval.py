@@ -80,8 +80,9 @@ def log_drafter_runs(tables: Sequence[Table1], kinds: dict[str, str], plots: Seq
     for drafter, kind in kinds.items():
         config = {"drafter_kind": kind, "baseline": tables[0].baseline, "suites": list(tables[0].suites),
                   "temperatures": [t.temperature for t in tables], "prompts": tables[0].prompts}
+        # Directory and group go to each run explicitly: W&B keeps the first run's settings for the whole process.
         sink = WandbSink(project, f"eval {drafter}", config, mode="offline",
-                         dir=None if os.environ.get("WANDB_DIR") else out_dir, group=group,
+                         dir=os.environ.get("WANDB_DIR") or out_dir, group=group,
                          tags=[f"drafter:{kind}", "eval:table1"], job_type="eval")
         try:
             for k in range(1, width):
