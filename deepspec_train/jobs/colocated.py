@@ -10,6 +10,7 @@ from deepspec_train.jobs.assembly import (
     chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_pass,
     validation_plan,
 )
+from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.builder import build_drafter
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
@@ -22,7 +23,9 @@ def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSu
     datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)
-    drafter = build_drafter(cfg, target, datasets["train"]).to(ctx.device)
+    drafter = build_drafter(cfg, target, datasets["train"])
+    initialise_from(drafter, cfg)
+    drafter = drafter.to(ctx.device)
     head_weight = target.get_output_embeddings().weight.detach()
     builder = chunk_builder(cfg, tap, ctx.device)
     source = InProcessFeatureSource(train_plan(cfg, datasets["train"], ctx.rank, ctx.world_size), builder)

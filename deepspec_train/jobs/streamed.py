@@ -22,6 +22,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
     chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_plan,
 )
+from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
@@ -127,5 +128,6 @@ def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, ou
     # Seeded by the drafter index, as a colocated rank with that index would be, so both modes start alike.
     torch.manual_seed(cfg.run.seed + ctx.rank)
     drafter, head_weight = build_drafter_from_files(cfg, source.plan.token_counts, ctx.device)
+    initialise_from(drafter, cfg)
     validation = source.validation_batches if source.plan.has_validation else None
     return train_and_finish(cfg, ctx, drafter, head_weight, source, validation, source.plan.total_steps, out_dir)

@@ -29,7 +29,8 @@ from deepspec_train.kinds.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, ServingLayout, WrittenDrafter, no_companion_files, no_readme_section, stacked_depth,
+    ExportReading, ServingLayout, WrittenDrafter, no_companion_files, no_readme_section, published_as_is,
+    stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
@@ -238,6 +239,8 @@ DSPARK_LAYOUT = ServingLayout(
     engines=block_layout_engines(
         NAME, BlockServing(_vllm_unserved, _vllm_serve), BlockServing(_sglang_unserved, _sglang_serve)
     ),
+    complete_published=published_as_is,
+    target_vocab_tensors=("embed_tokens.weight", "lm_head.weight", "markov_head.markov_w1.weight"),
     companion_files=no_companion_files,
     readme_section=no_readme_section,
 )

@@ -21,7 +21,9 @@ from deepspec_train.kinds.engine_reading import (
 from deepspec_train.kinds.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
-from deepspec_train.kinds.layout_spec import ExportReading, ServingLayout, WrittenDrafter, stacked_depth
+from deepspec_train.kinds.layout_spec import (
+    ExportReading, ServingLayout, WrittenDrafter, published_as_is, stacked_depth,
+)
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
 if TYPE_CHECKING:
@@ -149,6 +151,8 @@ ZLAB_DFLASH_LAYOUT = ServingLayout(
     taps=_taps,
     read=_read,
     engines=block_layout_engines(NAME, BlockServing(_served, _vllm_serve), BlockServing(_served, _sglang_serve)),
+    complete_published=published_as_is,
+    target_vocab_tensors=(),
     companion_files=_companion_files,
     readme_section=_readme_section,
 )
