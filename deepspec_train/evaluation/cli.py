@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_file
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
@@ -73,6 +73,9 @@ def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_to
 
 
 def run(args: argparse.Namespace) -> int:
+    out = ensure_output_file(args.out, "--out")
+    if args.save_traces:
+        ensure_output_file(args.save_traces, "--save-traces")
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     suites = [load_suite(spec, args.tinyworld, args.max_prompts) for spec in args.suite]
@@ -106,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
     }
     results = build_results(traces, stats, block_size, header)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     if args.save_traces:
         write_traces(args.save_traces, traces)

@@ -15,6 +15,7 @@ from deepspec_train.config.loader import ConfigError, load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.run_directory import output_dir_problems
+from deepspec_train.output_paths import ensure_output_dir
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
 
@@ -47,6 +48,9 @@ def _train_from_command_line(argv: list[str]) -> int:
     problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
     if problems:
         raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
+    if cfg.data.cache_dir:
+        ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
+    ensure_output_dir(cfg.run.output_dir, "run.output_dir")
     from deepspec_train.jobs.run import run_training
 
     run_training(cfg)
