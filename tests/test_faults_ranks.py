@@ -27,7 +27,8 @@ def bad_data_args(world: dict[str, str], tmp_path: Path) -> tuple[list[str], Pat
     good = Path(world["train"]).read_bytes().splitlines()
     bad.write_bytes(b"\n".join([*good[:6], b"{oops", *good[6:12]]) + b"\n")
     args = recipe_overrides(world, tmp_path / "run", **{
-        "data.train": f"[{bad}]", "data.validation": "[]", "data.strict": "true", "data.cache_dir": str(tmp_path / "cache"),
+        "data.train": f"[{bad}]", "data.validation": "[]", "data.strict": "true",
+        "data.cache_dir": str(tmp_path / "cache"),
     })
     return args, bad
 
