@@ -35,6 +35,7 @@ from deepspec_train.jobs.run_directory import set_aside_metrics_after
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
 from deepspec_train.training.feature_source import FeatureSource, InProcessFeatureSource, PackingSpec, ValidationShare
+from deepspec_train.training.preemption import Preempted
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
 
 log = get_logger("deepspec_train.run")
@@ -135,7 +136,11 @@ def train_and_finish(
         cfg, drafter, target_head_weight, source, validation, sink, ctx, total_steps, resolve_attention(ctx),
         resume_from,
     )
-    summary = trainer.fit()
+    try:
+        summary = trainer.fit()
+    except Preempted:
+        sink.finish()
+        raise
     if ctx.is_main:
         write_trained_drafter(drafter, cfg, out_dir / "drafter", target_fingerprint(cfg.target.path).to_dict())
         (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))

@@ -13,10 +13,14 @@ from deepspec_train.models.factory import build_drafter
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
+from deepspec_train.training.preemption import StopWatch
 from deepspec_train.training.trainer import TrainSummary
 
 
 def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
+    if ctx.distributed:
+        # A preemption signal sent to one rank reaches the others through the rendezvous store.
+        StopWatch(ctx.rank).start()
     datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)

@@ -52,6 +52,11 @@ def _train_from_command_line(argv: list[str]) -> int:
         ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
     ensure_output_dir(cfg.run.output_dir, "run.output_dir")
     from deepspec_train.jobs.run import run_training
+    from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except Preempted:
+        # Logged once by the rank that wrote the checkpoint (``training.preemption``).
+        return PREEMPTED_EXIT_CODE
     return 0
