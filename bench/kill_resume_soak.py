@@ -37,6 +37,9 @@ from deepspec_train.streaming.watchdog import FAILURE_EXIT_CODE
 REPO = Path(__file__).resolve().parents[1]
 WORLD_SIZE = 4
 TARGET_WORKERS = 2
+# Faults land at least this many steps before the end: a SIGTERM takes a few steps to reach every rank (the store
+# is polled every 0.2 s), and one that lands after the last step lets the run finish instead.
+END_MARGIN = 8
 
 
 def _port() -> int:
@@ -128,12 +131,12 @@ def soak(train_args: list[str], out: Path, faults: int, seed: int, steps: int, c
         # A step past everything logged so far (records after the checkpoint are set aside only once the resumed
         # run starts) and past the first checkpoint, so that there is something to resume from.
         floor = max(max(logged_losses(run), default=0), newest_checkpoint_step(run), checkpoint_every) + 1
-        if len(rows) == faults or floor > steps - 1:
+        if len(rows) == faults or floor > steps - END_MARGIN:
             codes = wait_world(procs, timeout_s)
             if codes != [0] * WORLD_SIZE:
                 raise SystemExit(f"the last resume failed: exit codes {codes} (logs in {run / 'logs'})")
             break
-        kill_at = rng.randint(floor, min(steps - 1, floor + 2 * checkpoint_every))
+        kill_at = rng.randint(floor, min(steps - END_MARGIN, floor + 2 * checkpoint_every))
         victim, how = rng.randrange(WORLD_SIZE), rng.choice([signal.SIGKILL, signal.SIGTERM])
         deadline = time.monotonic() + timeout_s
         while max(logged_losses(run), default=0) < kill_at:
@@ -179,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--faults", type=int, default=3, help="how many kills (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill schedule")
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps of the run")
+    parser.add_argument("--steps", type=int, default=30,
+                        help="optimizer steps of the run (faults stop 8 steps before the end; N = 20 needs about 120)")
     parser.add_argument("--checkpoint-every", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=600, help="seconds one launch may take")
     parser.add_argument("--out", required=True, help="folder for both runs and soak.json")

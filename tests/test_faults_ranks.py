@@ -70,7 +70,8 @@ def test_bad_data_on_rank_0_ends_both_plain_processes(streaming_world, tmp_path)
 def test_a_damaged_file_only_rank_1_reads_ends_both(streaming_world, tmp_path) -> None:
     out = tmp_path / "run"
     common = {"train.max_steps": 4, "train.eval_every": 1000}
-    run_ranks(recipe_overrides(streaming_world, out, **common, **{"train.stop_at_step": 2}), 2, tmp_path / "logs1")
+    first = recipe_overrides(streaming_world, out, **common, **{"train.stop_at_step": 2})
+    run_ranks(first, 2, tmp_path / "logs1", timeout=300)
     checkpoint = out / "checkpoints" / "step_00000002"
     # A checkpoint from before manifests is loaded unverified: each rank finds out about its own RNG file alone.
     (checkpoint / "manifest.json").unlink()

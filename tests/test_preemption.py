@@ -77,7 +77,7 @@ def preempted_once(out: Path, log_text: str) -> int:
 
 def test_sigterm_to_torchrun_of_two_colocated_ranks(streaming_world, tmp_path) -> None:
     full, split = tmp_path / "full", tmp_path / "split"
-    run_ranks(recipe_overrides(streaming_world, full, **COMMON), 2, full / "logs")
+    run_ranks(recipe_overrides(streaming_world, full, **COMMON), 2, full / "logs", timeout=300)
     log = tmp_path / "torchrun.log"
     marker = tmp_path / "preempted.json"
     os.environ["DEEPSPEC_PREEMPTED_FILE"] = str(marker)
@@ -94,14 +94,15 @@ def test_sigterm_to_torchrun_of_two_colocated_ranks(streaming_world, tmp_path) -
     assert agent.returncode != 0 and "Traceback" not in workers, workers
     step = preempted_once(split, workers)
     assert 3 <= step < STEPS and f'"step": {step}' in marker.read_text()
-    run_ranks(recipe_overrides(streaming_world, split, **COMMON, **{"train.resume": "auto"}), 2, split / "logs2")
+    resume = recipe_overrides(streaming_world, split, **COMMON, **{"train.resume": "auto"})
+    run_ranks(resume, 2, split / "logs2", timeout=300)
     assert_same_run(full, split)
 
 
 def test_sigterm_to_the_target_worker_of_a_streamed_run(streaming_world, tmp_path) -> None:
     streamed = COMMON | {"topology.target_workers": 1}
     full, split = tmp_path / "full", tmp_path / "split"
-    run_ranks(recipe_overrides(streaming_world, full, **streamed), 2, full / "logs")
+    run_ranks(recipe_overrides(streaming_world, full, **streamed), 2, full / "logs", timeout=300)
     procs = start_ranks(["train.py", *recipe_overrides(streaming_world, split, **streamed)], 2, split / "logs1")
     wait_for_steps(split, 3, procs, "the streamed run did not reach step 3")
     procs[0].send_signal(signal.SIGTERM)
@@ -111,7 +112,8 @@ def test_sigterm_to_the_target_worker_of_a_streamed_run(streaming_world, tmp_pat
     assert "error" not in text.lower(), text
     step = preempted_once(split, text)
     assert 3 <= step < STEPS
-    run_ranks(recipe_overrides(streaming_world, split, **streamed, **{"train.resume": "auto"}), 2, split / "logs2")
+    resume = recipe_overrides(streaming_world, split, **streamed, **{"train.resume": "auto"})
+    run_ranks(resume, 2, split / "logs2", timeout=300)
     assert_same_run(full, split)
 
 

@@ -46,7 +46,9 @@ log = get_logger("deepspec_train.streaming")
 
 def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
     """Run this rank's role; returns the summary on drafter workers (None on target ranks)."""
-    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp)
+    # The launcher's processes per node (torchrun, srun): failures then name the node of a lost peer.
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
+    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp, per_node)
     ctx = role_context(world, topology.target_ranks)
     # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
     speak_for_role(ctx.is_main)
