@@ -152,6 +152,8 @@ def test_train_sbatch_runs_two_cpu_processes(slurm_env: dict, tmp_path: Path) ->
 
 
 PREEMPT_STEPS = 40
+# Three launches of two processes each, one of them requeued by Slurm.
+PREEMPT_TIMEOUT_S = 600
 
 
 def _preemption_overrides(out_dir: Path, target: str, data: Path, cache: Path) -> list[str]:
@@ -177,7 +179,7 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env: dict, tmp_path
     data = tmp_path / "train.jsonl"
     _write_conversations(data, 24)
     full, out_dir, log = tmp_path / "full", tmp_path / "run", tmp_path / "job.out"
-    run_ranks(_preemption_overrides(full, target, data, tmp_path / "cache"), 2, full / "logs", timeout=300)
+    run_ranks(_preemption_overrides(full, target, data, tmp_path / "cache"), 2, full / "logs", timeout=PREEMPT_TIMEOUT_S)
 
     env = dict(slurm_env, NPROC_PER_NODE="2", PYTHON=sys.executable, OMP_NUM_THREADS="1")
     submitted = subprocess.run(
@@ -187,13 +189,13 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env: dict, tmp_path
     )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
-    deadline = time.monotonic() + JOB_TIMEOUT_S
+    deadline = time.monotonic() + PREEMPT_TIMEOUT_S
     while len(step_losses(out_dir)) < 3:
         assert time.monotonic() < deadline, _job_fields(job_id, env)
         time.sleep(0.2)
     subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True, timeout=30)
 
-    fields = _wait_for_job(job_id, env, 2 * JOB_TIMEOUT_S)
+    fields = _wait_for_job(job_id, env, PREEMPT_TIMEOUT_S)
     output = log.read_text() if log.exists() else "(no job output)"
     assert fields["JobState"] == "COMPLETED" and fields.get("Restarts") == "1", f"{fields}\n{output[-4000:]}"
     assert "requeueing job" in output and "continuing with train.resume=auto" in output, output[-4000:]

@@ -18,9 +18,16 @@ from deepspec_train.training.trainer import TrainSummary
 
 
 def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
-    if ctx.distributed:
-        # A preemption signal sent to one rank reaches the others through the rendezvous store.
-        StopWatch(ctx.rank).start()
+    # A preemption signal sent to one rank reaches the others through the rendezvous store.
+    watch = StopWatch(ctx.rank).start() if ctx.distributed else None
+    try:
+        return _train(cfg, ctx, out_dir)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)

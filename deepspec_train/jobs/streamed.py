@@ -59,7 +59,7 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
     is_target = topology.role_of(world.rank) == "target"
-    StopWatch(world.rank, partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None).start()
+    watch = StopWatch(world.rank, partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None).start()
     try:
         if is_target:
             run_target_role(cfg, ctx, world.rank, topology, tp_group)
@@ -70,6 +70,7 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
             except Preempted:
                 # Every drafter has checkpointed the same step: the target workers drop what they had queued.
                 tell_target_workers(topology.target_ranks)
+                watch.close()
                 monitor.finish()
                 raise
     except PeerFailure as exc:
@@ -88,6 +89,7 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         if not is_peer_error(str(exc)):
             raise
         abort(f"{me}: {monitor.explain(exc)}")
+    watch.close()
     # Rank 0 hosts the rendezvous store every monitor talks through: it leaves only after everybody signed off.
     monitor.finish(wait_for_peers=world.rank == 0)
     return summary

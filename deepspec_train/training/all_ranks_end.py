@@ -41,10 +41,12 @@ class EndTogether:
         self.world_size = world_size
         self._store = dist.distributed_c10d._get_default_store() if world_size > 1 and dist.is_initialized() else None
         self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
 
     def __enter__(self) -> "EndTogether":
         if self._store is not None:
-            threading.Thread(target=self._watch, name="deepspec-end-together", daemon=True).start()
+            self._thread = threading.Thread(target=self._watch, name="deepspec-end-together", daemon=True)
+            self._thread.start()
         return self
 
     def __exit__(
@@ -53,6 +55,9 @@ class EndTogether:
         self._stop.set()
         if self._store is not None and isinstance(error, UserError):
             self._post_and_exit(error)
+        if self._thread is not None:
+            # Not left inside a store call: a process that exits while a thread uses the store aborts.
+            self._thread.join(timeout=2 * POLL_S + 1.0)
         return False
 
     def _post_and_exit(self, error: UserError) -> None:

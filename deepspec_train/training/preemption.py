@@ -112,13 +112,18 @@ class StopWatch:
         self.on_drafters_stopped = on_drafters_stopped
         self._store = dist.distributed_c10d._get_default_store()
         self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deepspec-stop-watch", daemon=True)
 
     def start(self) -> "StopWatch":
-        threading.Thread(target=self._run, name="deepspec-stop-watch", daemon=True).start()
+        self._thread.start()
         return self
 
     def close(self) -> None:
+        """Stop watching; returns once the thread is out of any store call (a process that exits while a thread
+        uses the store aborts)."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * POLL_S + 1.0)
 
     def _run(self) -> None:
         posted = False
