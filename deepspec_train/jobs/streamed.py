@@ -72,7 +72,10 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
                 tell_target_workers(topology.target_ranks)
                 watch.close()
                 monitor.finish()
-                raise
+                # As the target workers do: tearing down groups whose peers hold unfinished sends can block.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(PREEMPTED_EXIT_CODE)
     except PeerFailure as exc:
         # The peer this rank waited for may only have left (or gone silent, waiting in a collective) because
         # another one died first: let the heartbeats name a dead peer before blaming the one waited for. A peer
