@@ -59,7 +59,8 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
     is_target = topology.role_of(world.rank) == "target"
-    watch = StopWatch(world.rank, partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None).start()
+    leave = partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None
+    watch = StopWatch(world.rank, leave).start()
     try:
         if is_target:
             run_target_role(cfg, ctx, world.rank, topology, tp_group)

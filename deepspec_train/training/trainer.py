@@ -39,7 +39,6 @@ from deepspec_train.training.feature_source import FeatureSource, StepBatches
 from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
 from deepspec_train.training.loss_normalizers import step_normalizers
 from deepspec_train.training.lr_schedule import warmup_cosine
-from deepspec_train.training.preemption import Preempted
 
 log = get_logger("deepspec_train.trainer")
 
@@ -227,7 +226,7 @@ class DrafterTrainer:
                 progress.close()
                 if self.ctx.is_main:
                     preemption.announce(self.step, checkpoint, log.warning)
-                raise Preempted(self.step, checkpoint)
+                raise preemption.Preempted(self.step, checkpoint)
             if stopping:
                 break
         progress.close()
