@@ -26,6 +26,7 @@ from deepspec_train.comparison.collect import DrafterRow, collect_rows, suites_o
 from deepspec_train.comparison.plots import write_plots
 from deepspec_train.comparison.report import calibration_table, main_table, markdown_table, write_report
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_dir
 
 DEFAULT_GROUP = "deepspec-compare"
 # W&B truncates longer run names; a readable prefix of the drafter list is enough to recognise the run.
@@ -98,11 +99,11 @@ def log_to_wandb(
 
 
 def run(args: argparse.Namespace) -> int:
+    out = ensure_output_dir(args.out, "--out")
     try:
         rows = collect_rows(args.paths)
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise UserError(str(err)) from err
-    out = Path(args.out)
     plot_files = write_plots(rows, out)
     report = write_report(rows, out, plot_files)
     print(markdown_table(main_table(rows)))

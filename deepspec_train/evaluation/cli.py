@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -29,6 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.comparison_eval import run_comparison
+from deepspec_train.output_paths import ensure_output_dir, ensure_output_file
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite, load_suite
@@ -96,11 +96,16 @@ def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_to
 
 
 def run(args: argparse.Namespace) -> int:
+    # Outputs are checked before anything is read: a comparison writes a folder, a single drafter one file.
+    comparison = is_comparison(args)
+    out = ensure_output_dir(args.out, "--out") if comparison else ensure_output_file(args.out, "--out")
+    if args.save_traces and not comparison:
+        ensure_output_file(args.save_traces, "--save-traces")
     suites = [load_suite(spec, args.tinyworld, args.max_prompts) for spec in args.suite]
     names = [s.name for s in suites]
     if len(set(names)) != len(names):
         raise UserError(f"suite names must be distinct, got {names}")
-    if is_comparison(args):
+    if comparison:
         return run_comparison(args, suites)
     if len(args.temperature) > 1 or len(args.seed) > 1:
         raise UserError("several --temperature or --seed values need a comparison: name the drafter(s) NAME=DIR")
@@ -134,8 +139,6 @@ def run(args: argparse.Namespace) -> int:
         "seed": args.seed,
     }
     results = build_results(traces, stats, block_size, header)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2))
     if args.save_traces:
         write_traces(args.save_traces, traces)

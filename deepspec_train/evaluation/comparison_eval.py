@@ -81,6 +81,7 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
     baseline = args.baseline or specs[0][0]
     if baseline not in {n for n, _ in specs}:
         raise UserError(f"--baseline {baseline!r} is not one of the drafters {[n for n, _ in specs]}")
+    out = Path(args.out)
     device = torch.device(args.device)
     drafters = [BenchDrafter.of(name, load_exported_drafter(path, target_path=args.target, device=device))
                 for name, path in specs]
@@ -88,8 +89,6 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     kinds = {d.name: d.loaded.kind for d in drafters}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     tables, plots = [], []
     for temperature in args.temperature:
         seeds = args.seed[:1] if temperature == 0 else args.seed

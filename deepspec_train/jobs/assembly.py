@@ -42,6 +42,7 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
 from deepspec_train.training.feature_source import FeatureSource
+from deepspec_train.training.preemption import Preempted
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
 
 log = get_logger("deepspec_train.run")
@@ -142,7 +143,11 @@ def train_and_finish(
         log.info("drafter %s: %.2fM trainable parameters; %d steps", cfg.drafter.kind, n_train / 1e6, total_steps)
     loss = DrafterLoss.for_recipe(cfg, target_head_weight, resolve_attention(ctx))
     trainer = DrafterTrainer(cfg, drafter, loss, source, validation, sink, ctx, total_steps)
-    summary = trainer.fit(resume_from)
+    try:
+        summary = trainer.fit(resume_from)
+    except Preempted:
+        sink.finish()
+        raise
     if ctx.is_main:
         write_trained_drafter(drafter, cfg, out_dir / "drafter", target_fingerprint(cfg.target.path).to_dict())
         (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))

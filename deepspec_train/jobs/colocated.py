@@ -16,10 +16,21 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import InProcessFeatureSource
+from deepspec_train.training.preemption import StopWatch
 from deepspec_train.training.trainer import TrainSummary
 
 
 def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
+    # A preemption signal sent to one rank reaches the others through the rendezvous store.
+    watch = StopWatch(ctx.rank).start() if ctx.distributed else None
+    try:
+        return _train(cfg, ctx, out_dir)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)

@@ -12,6 +12,9 @@ job (``train_and_finish``), with gradients synchronised over the drafter ranks o
 
 from __future__ import annotations
 
+import os
+import sys
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -36,6 +39,7 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.target.tensor_parallel import load_target_tensor_parallel
 from deepspec_train.training.distributed import DistContext, new_groups, role_context
+from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted, StopWatch, tell_target_workers
 from deepspec_train.training.trainer import TrainSummary
 
 log = get_logger("deepspec_train.streaming")
@@ -43,7 +47,9 @@ log = get_logger("deepspec_train.streaming")
 
 def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
     """Run this rank's role; returns the summary on drafter workers (None on target ranks)."""
-    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp)
+    # The launcher's processes per node (torchrun, srun): failures then name the node of a lost peer.
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
+    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp, per_node)
     ctx = role_context(world, topology.target_ranks)
     # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
     speak_for_role(ctx.is_main)
@@ -53,12 +59,25 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         tp_group = new_groups(groups, cfg.stream.timeout_s)
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
+    is_target = topology.role_of(world.rank) == "target"
+    leave = partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None
+    watch = StopWatch(world.rank, leave).start()
     try:
-        if topology.role_of(world.rank) == "target":
+        if is_target:
             run_target_role(cfg, ctx, world.rank, topology, tp_group)
             summary = None
         else:
-            summary = run_drafter_role(cfg, ctx, topology, out_dir)
+            try:
+                summary = run_drafter_role(cfg, ctx, topology, out_dir)
+            except Preempted:
+                # Every drafter has checkpointed the same step: the target workers drop what they had queued.
+                tell_target_workers(topology.target_ranks)
+                watch.close()
+                monitor.finish()
+                # As the target workers do: tearing down groups whose peers hold unfinished sends can block.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(PREEMPTED_EXIT_CODE)
     except PeerFailure as exc:
         # The peer this rank waited for may only have left (or gone silent, waiting in a collective) because
         # another one died first: let the heartbeats name a dead peer before blaming the one waited for. A peer
@@ -75,9 +94,20 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         if not is_peer_error(str(exc)):
             raise
         abort(f"{me}: {monitor.explain(exc)}")
+    watch.close()
     # Rank 0 hosts the rendezvous store every monitor talks through: it leaves only after everybody signed off.
     monitor.finish(wait_for_peers=world.rank == 0)
     return summary
+
+
+def _leave_with_the_drafters(monitor: PeerMonitor, rank: int) -> None:
+    """A target worker once the drafters stopped after a preemption signal: what it still had queued or was
+    computing is dropped (a resumed drafter asks for its checkpoint's next step), then it signs off (rank 0,
+    hosting the store, after every peer) and exits with the preemption status."""
+    monitor.finish(wait_for_peers=rank == 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED_EXIT_CODE)
 
 
 def run_target_role(

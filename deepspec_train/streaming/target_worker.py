@@ -41,6 +41,7 @@ from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, message_bytes, outline, recv_ints,
     send_message, send_plan,
 )
+from deepspec_train.training import preemption
 
 
 @dataclass
@@ -114,6 +115,8 @@ class _Sender:
             try:
                 self.bytes_sent += send_message(message, dst, self.device, self.timeout_s, self.topology.describe(dst))
             except PeerFailure as exc:
+                if preemption.drafters_stopped.is_set():
+                    return  # the drafters checkpointed and left after a preemption signal
                 abort(f"target worker stream to {self.topology.describe(dst)} failed: {exc}")
             with self._cond:
                 self.in_flight -= size

@@ -33,6 +33,7 @@ from deepspec_train.training.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.training import preemption
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, save_checkpoint
 from deepspec_train.training.distributed import DistContext, all_reduce_sum
@@ -214,11 +215,18 @@ class DrafterTrainer:
                 if self.ctx.is_main:
                     tqdm.write(_format_val(self.step, val_metrics))
             stopping = cfg.train.stop_at_step is not None and self.step >= cfg.train.stop_at_step
-            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping:
-                save_checkpoint(
+            # A preemption signal on any rank: every rank stops after this same step (``training.preemption``).
+            preempted = self.step < self.total_steps and not stopping and preemption.agreed_to_stop(self.ctx)
+            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping or preempted:
+                checkpoint = save_checkpoint(
                     self.ctx, cfg.run.output_dir, self.step, self.engine.train_state(), self.scheduler,
                     self.train_source.state_dict(), cfg.train.keep_last,
                 )
+            if preempted:
+                progress.close()
+                if self.ctx.is_main:
+                    preemption.announce(self.step, checkpoint, log.warning)
+                raise preemption.Preempted(self.step, checkpoint)
             if stopping:
                 break
         progress.close()
