@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
