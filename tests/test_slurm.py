@@ -4,7 +4,7 @@ The test installs Debian's ``slurm-wlm`` and ``munge`` when missing (root and ap
 starts a private cluster with ``launch/slurm/local_cluster.sh`` (all state under a temp dir), submits the job
 script exactly as a user would (``sbatch launch/slurm/train.sbatch recipe=... overrides...``), waits for the
 job, and checks its exit code and the run's ``metrics.jsonl``. The daemons are stopped however the test ends.
-Deselect locally with ``-m "not slurm"``.
+Runs only with ``-m slurm`` (``tests/conftest.py`` skips it otherwise); ``launch/quickstart/test.sh`` passes it.
 """
 
 from __future__ import annotations
