@@ -1,4 +1,5 @@
-"""Test helpers for the evaluator tests: the tiny random target loaded like a real one, and random drafters for it.
+"""Test helpers for the decoding tests (evaluator, losslessness, drafting cache, quality bench): the tiny random
+target loaded like a real one, and random drafters for it.
 
 ``random_drafter(target, kind)`` builds a DSpark, DFlash or EAGLE-3 drafter for the tiny target with random
 weights (Markov ``W2`` and the confidence bias too, so those heads are not trivially zero) and the target's
