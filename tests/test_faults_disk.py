@@ -20,7 +20,7 @@ from deepspec_train.disk_space import folder_bytes
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem
 from deepspec_train.jobs.entry import main as train_main
-from tests.streaming_helpers import recipe_overrides
+from tests.helpers.streaming_world import recipe_overrides
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pytest
 
 from deepspec_train.jobs.cli import main
 from deepspec_train.output_paths import ensure_output_dir, ensure_output_file
-from tests.streaming_helpers import REPO, recipe_overrides
+from tests.helpers.streaming_world import REPO, recipe_overrides
 
 
 def verb_argv(verb: str, out: Path, missing: Path, world: dict[str, str]) -> list[str]:

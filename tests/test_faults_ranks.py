@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.streaming_helpers import REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks
+from tests.helpers.streaming_world import REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
-from tests.streaming_helpers import (
+from tests.helpers.streaming_world import (
     REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all,
 )
 

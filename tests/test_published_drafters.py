@@ -25,9 +25,9 @@ from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.jobs.entry import main as train_main
-from tests.benchmark_fixtures import prepare_all_suites
-from tests.evaluator_fixtures import drafter_recipe, random_drafter
-from tests.streaming_helpers import recipe_overrides
+from tests.helpers.benchmark_suites import prepare_all_suites
+from tests.helpers.chat_model_drafters import drafter_recipe, random_drafter
+from tests.helpers.streaming_world import recipe_overrides
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

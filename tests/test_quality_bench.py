@@ -23,8 +23,8 @@ from deepspec_train.evaluation.drafter_comparison import (
 from deepspec_train.evaluation.suites import Suite, SuitePrompt
 from deepspec_train.formats.eval_traces import TraceRound, parse_round
 from deepspec_train.metrics.calibration import auroc, ece
-from tests.evaluator_fixtures import load_tiny_target, random_drafter
-from tests.test_recipe_rules import world_overrides
+from tests.helpers.chat_model_drafters import load_tiny_target, random_drafter
+from tests.helpers.tiny_world_overrides import world_overrides
 
 
 def _exhaustive(a, b) -> np.ndarray:

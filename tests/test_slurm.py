@@ -4,7 +4,7 @@ The test installs Debian's ``slurm-wlm`` and ``munge`` when missing (root and ap
 starts a private cluster with ``launch/slurm/local_cluster.sh`` (all state under a temp dir), submits the job
 script exactly as a user would (``sbatch launch/slurm/train.sbatch recipe=... overrides...``), waits for the
 job, and checks its exit code and the run's ``metrics.jsonl``. The daemons are stopped however the test ends.
-Deselect locally with ``-m "not slurm"``.
+Runs only with ``-m slurm`` (``tests/conftest.py`` skips it otherwise); ``launch/quickstart/test.sh`` passes it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -173,7 +173,7 @@ def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env: dict, tmp_path
     uninterrupted run's (two plain processes, no Slurm) bit for bit."""
     from safetensors.torch import load_file
 
-    from tests.streaming_helpers import run_ranks, step_losses
+    from tests.helpers.streaming_world import run_ranks, step_losses
 
     target = save_tiny_chat_model(tmp_path / "target")
     data = tmp_path / "train.jsonl"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.streaming_helpers import REPO, rank_env, recipe_overrides
+from tests.helpers.streaming_world import REPO, rank_env, recipe_overrides
 
 pytestmark = pytest.mark.slow
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.packing.batch import PackedBatch
-from tests.streaming_helpers import read_logs, recipe_overrides, start_ranks, wait_all
+from tests.helpers.streaming_world import read_logs, recipe_overrides, start_ranks, wait_all
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow

@@ -22,8 +22,8 @@ from deepspec_train.evaluation.table1 import TableSettings, build_table1
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.suites.benchmarks import BENCHMARK_SUITES
-from tests.benchmark_fixtures import prepare_all_suites
-from tests.evaluator_fixtures import drafter_recipe, load_tiny_target, random_drafter
+from tests.helpers.benchmark_suites import prepare_all_suites
+from tests.helpers.chat_model_drafters import drafter_recipe, load_tiny_target, random_drafter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 KINDS = ("dspark", "dflash", "eagle3")

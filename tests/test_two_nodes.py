@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.streaming_helpers import REPO, free_port, rank_env, recipe_overrides, run_ranks, step_losses
+from tests.helpers.streaming_world import REPO, free_port, rank_env, recipe_overrides, run_ranks, step_losses
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ Definitions (as ``deepspec eval``'s report and ``evaluation.paired_bootstrap``):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau_ratios

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from deepspec_train.jobs.cli import main
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
