@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from deepspec_train.errors import UserError
@@ -64,6 +65,9 @@ def sts_file_for(calibration: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The folder is made (and proven writable) before any work; a refused export takes it away again when it was
+    # ours and is still empty, so a refusal leaves nothing behind.
+    created = not os.path.exists(args.out)
     ensure_output_dir(args.out, "--out")
     temperatures, sts = None, None
     try:
@@ -75,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         readings = check_export_dir(out, args.target, args.engines, args.sps)
     # LayoutError and EngineRuleError are ValueErrors: a refused export lands here with every problem listed.
     except (ValueError, OSError, KeyError) as err:
+        if created and not any(Path(args.out).iterdir()):
+            Path(args.out).rmdir()
         raise UserError(f"export refused: {err}") from err
     config = json.loads((out / "config.json").read_text())
     print(f"exported {config['architectures'][0]} ({args.dtype}) to {out}")
