@@ -38,6 +38,7 @@ from deepspec_train.kinds.serving_layouts import (
 )
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
+from deepspec_train.models.draft_vocab import stored_draft_vocab
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.fingerprint import check_same_target
 from deepspec_train.target.head_weights import load_head_weights
@@ -183,7 +184,7 @@ def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     state = dict(trained.weights)
     spec = kind_spec(trained.kind)
     embed, lm_head = _target_heads(target_path, _weights_dtype(state))
-    state.update(spec.frozen_head_state(embed, lm_head))
+    state.update(spec.frozen_head_state(embed, lm_head, stored_draft_vocab(state)))
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
         module=module,
@@ -247,7 +248,7 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
         geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
     omitted = OMITTED_TENSORS[layout]
     if omitted:
-        heads = kind_spec(kind).frozen_head_state(*_target_heads(target_path, dtype))
+        heads = kind_spec(kind).frozen_head_state(*_target_heads(target_path, dtype), stored_draft_vocab(state))
         state.update({name: tensor for name, tensor in heads.items() if name in omitted})
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(

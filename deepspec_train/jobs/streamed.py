@@ -102,7 +102,7 @@ def run_target_role(
             validation = validation_share(cfg, datasets["validation"], tap, route.drafter, drafters, ctx.device)
         feeds.append(DrafterFeed(route, train, validation))
     counts = None
-    if sends and kind_spec(cfg.drafter.kind).needs_token_counts:
+    if sends and kind_spec(cfg.drafter.kind).needs_token_counts(cfg.drafter):
         # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
         counts = count_supervised_tokens(train_rows, target.config.vocab_size)
     total_steps = total_steps_for(cfg, len(train_rows))
