@@ -89,7 +89,7 @@ def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
 
 def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor, draft_vocab: Optional[DraftVocab]) -> dict[str, torch.Tensor]:
     # Over a reduced draft vocabulary the frozen LM head is the target head's rows of the draft tokens.
-    reduced = draft_vocab is not None and not draft_vocab.is_full
+    reduced = draft_vocab is not None and draft_vocab.size < draft_vocab.target_vocab_size
     return {"embed_tokens.weight": embed, "lm_head.weight": lm_head[draft_vocab.target_ids()] if reduced else lm_head}
 
 

@@ -247,7 +247,8 @@ class ParallelDrafter(nn.Module):
         if not 0 <= drafter_cfg.mask_token_id < geometry.vocab_size:
             raise ValueError(f"mask_token_id {drafter_cfg.mask_token_id} outside vocab {geometry.vocab_size}")
         d, vocab, rank = geometry.hidden_size, geometry.vocab_size, drafter_cfg.markov_rank
-        reduced = draft_vocab is not None and not draft_vocab.is_full
+        # A draft vocabulary as large as the target's is the identity (``build_draft_vocab``): no maps needed.
+        reduced = draft_vocab is not None and draft_vocab.size < draft_vocab.target_vocab_size
         if reduced and draft_vocab.target_vocab_size != vocab:
             raise ValueError(f"draft vocab maps a {draft_vocab.target_vocab_size}-token vocabulary, target has {vocab}")
         draft_size = draft_vocab.size if reduced else 0
