@@ -50,8 +50,8 @@ from deepspec_train.calibration.heldout import (  # noqa: E402
     HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
 )
 from bench.quality_harness import (  # noqa: E402
-    BenchDrafter, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios, tau_by_category,
-    tau_table, totals_by_category,
+    BenchDrafter, DecodeSettings, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios,
+    tau_by_category, tau_table, totals_by_category,
 )
 from bench.modeled_speedup import modeled_cost, speedup_ratios, speedup_table, trained_settings  # noqa: E402
 from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
@@ -151,8 +151,9 @@ def validation_suites(world: Path, limit: int | None) -> list[Suite]:
 def confidence_report(args, target, tokenizer, reference: BenchDrafter, world: Path, out: Path, test_rows) -> dict:
     """STS fit on validation prompts at T = 1, scored on the suites' T = 1 rounds of the reference."""
     suite = calibration_suite(world, args.calibration_prompts)
-    fit_rows = decode_interleaved(target, tokenizer, [reference], [suite], 1.0, list(range(args.seeds)),
-                                  args.new_tokens, not args.no_progress)[reference.name]
+    settings = DecodeSettings(1.0, tuple(range(args.seeds)), args.new_tokens)
+    by_drafter = decode_interleaved(target, tokenizer, [reference], [suite], settings, not args.no_progress)
+    fit_rows = by_drafter[reference.name]
     write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)
     write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)
     report = held_out_confidence(survival_arrays(fit_rows), survival_arrays(test_rows))
@@ -208,8 +209,8 @@ def main(argv: list[str]) -> int:
     for temperature in args.temperatures:
         seeds = list(range(args.seeds)) if temperature > 0 else [0]
         conversations: dict[str, list[ConversationStats]] = {}
-        rows = decode_interleaved(target, tokenizer, drafters, suites, temperature, seeds, args.new_tokens,
-                                  not args.no_progress, conversations)
+        settings = DecodeSettings(temperature, tuple(seeds), args.new_tokens)
+        rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress, conversations)
         rows_at[temperature] = rows
         for d in drafters:
             write_traces(out / "traces" / f"{d.name}_T{temperature:g}.jsonl", rows[d.name])

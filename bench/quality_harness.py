@@ -73,25 +73,34 @@ def decode_seed(seed: int, suite: str, prompt_index: int) -> int:
     return (seed * 1_000_003 + zlib.crc32(suite.encode()) * 7_919 + prompt_index) % (2**63 - 1)
 
 
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How every prompt is decoded: the sampling temperature, the seeds (one decode of each prompt per seed) and
+    the new tokens allowed per turn."""
+
+    temperature: float
+    seeds: tuple[int, ...]
+    max_new_tokens: int
+
+
 def decode_interleaved(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     drafters: Sequence[BenchDrafter],
     suites: Sequence[Suite],
-    temperature: float,
-    seeds: Sequence[int],
-    max_new_tokens: int,
+    settings: DecodeSettings,
     progress: bool = True,
     conversations: Optional[dict[str, list[ConversationStats]]] = None,
 ) -> dict[str, list[TraceRound]]:
     """Trace rounds (what ``deepspec eval --save-traces`` writes, with their ``seed``) of every drafter on every
     prompt; each decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when
     given."""
+    temperature, max_new_tokens = settings.temperature, settings.max_new_tokens
     rows: dict[str, list[TraceRound]] = {d.name: [] for d in drafters}
-    total = len(seeds) * sum(len(s.prompts) for s in suites)
+    total = len(settings.seeds) * sum(len(s.prompts) for s in suites)
     with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
               dynamic_ncols=True) as bar:
-        for seed in seeds:
+        for seed in settings.seeds:
             for suite in suites:
                 for index, prompt in enumerate(suite.prompts):
                     for d in drafters:

@@ -36,6 +36,7 @@ from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop
 from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import init_distributed, role_context
 from deepspec_train.training.feature_source import StepBatches
 from deepspec_train.training.trainer import DrafterTrainer
@@ -101,7 +102,8 @@ def _train(cfg, ctx, source, steps: int, out: Path) -> float:
     torch.manual_seed(cfg.run.seed)
     drafter, head = build_drafter_from_files(cfg, None, ctx.device)
     cfg = replace(cfg, run=replace(cfg.run, output_dir=str(out)))
-    trainer = DrafterTrainer(cfg, drafter, head, source, None, NoOpSink(), ctx, steps, resolve_attention(ctx))
+    loss = DrafterLoss.for_recipe(cfg, head, resolve_attention(ctx))
+    trainer = DrafterTrainer(cfg, drafter, loss, source, None, NoOpSink(), ctx, steps)
     start = time.perf_counter()
     trainer.fit()
     return time.perf_counter() - start

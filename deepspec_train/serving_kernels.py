@@ -157,10 +157,20 @@ class _Group:
         return KernelGroup(self.name, tuple(self.weights), self.activations, self.flops)
 
 
-def _decoder_layer(group: _Group, prefix: str, geometry: DrafterGeometry, requests: int, queries: int, keys: int,
+@dataclass(frozen=True)
+class _LayerPass:
+    """One pass of a decoder layer: ``queries`` rows for each of ``requests`` requests, each seeing ``keys`` keys."""
+
+    requests: int
+    queries: int
+    keys: int
+
+
+def _decoder_layer(group: _Group, prefix: str, geometry: DrafterGeometry, layer_pass: _LayerPass,
                    attention_input: int, qk_norm: bool, input_norms: tuple[str, ...]) -> None:
     """A pre-norm Qwen3 decoder layer over ``requests * queries`` rows whose attention projects an
     ``attention_input``-wide input (the drafters' ``d``, EAGLE-3's ``2d``) and attends to ``keys`` per request."""
+    requests, queries, keys = layer_pass.requests, layer_pass.queries, layer_pass.keys
     d, hd = geometry.hidden_size, geometry.head_dim
     q, kv, rows = geometry.num_attention_heads * hd, geometry.num_key_value_heads * hd, requests * queries
     for norm in input_norms:
@@ -215,7 +225,7 @@ def parallel_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, sha
     groups.append(embed.done())
     for i in range(cfg.num_layers):
         layer = _Group("backbone layer")
-        _decoder_layer(layer, f"layers.{i}.", geometry, b, block, shape.context_len + block, d, True,
+        _decoder_layer(layer, f"layers.{i}.", geometry, _LayerPass(b, block, shape.context_len + block), d, True,
                        ("input_layernorm",))
         groups.append(layer.done())
 
@@ -307,7 +317,7 @@ def eagle3_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, shape
     for k in range(drafts):
         step = _Group("layer step")
         step.gather("embed_tokens.weight", vocab, d, b)
-        _decoder_layer(step, "midlayer.", geometry, b, 1, shape.context_len + k, 2 * d, False,
+        _decoder_layer(step, "midlayer.", geometry, _LayerPass(b, 1, shape.context_len + k), 2 * d, False,
                        ("input_layernorm", "hidden_norm"))
         step.norm("norm.weight", b, d)
         step.matmul("lm_head.weight", b, d, draft_vocab, out_bytes=LOGIT_BYTES)
@@ -331,7 +341,7 @@ def target_round(hf_config: Any, tokens: int, shape: RoundShape) -> ServingRound
     groups = [embed.done()]
     for i in range(hf_config.num_hidden_layers):
         layer = _Group("target layer")
-        _decoder_layer(layer, f"model.layers.{i}.", geometry, b, tokens, shape.context_len + tokens, d, True,
+        _decoder_layer(layer, f"model.layers.{i}.", geometry, _LayerPass(b, tokens, shape.context_len + tokens), d, True,
                        ("input_layernorm",))
         groups.append(layer.done())
     head = _Group("target LM head")

@@ -7,18 +7,21 @@ instantiated on the meta device.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from deepspec_train.config.loader import ConfigError
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
+from deepspec_train.validation import load_recipe
 
 MASK_ID = 1
 TINY = DrafterGeometry(
@@ -316,11 +319,13 @@ def test_flex_backend_matches_sdpa() -> None:
 
 
 def test_rejects_inconsistent_recipes() -> None:
-    vocab = build_draft_vocab(torch.ones(TINY.vocab_size), None)
-    with pytest.raises(ValueError):
-        Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=5), [1, 3, 4], vocab)
-    with pytest.raises(ValueError):
-        Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=1, block_size=7, ttt_steps=5), [1, 3, 4], vocab)
+    # Checked once, when the recipe loads: the module trusts a loaded recipe.
+    for override, message in (
+        ("drafter.num_layers=5", "drafter.num_layers must be 1, got 5"),
+        ("drafter.ttt_steps=5", "drafter.ttt_steps (5) must equal drafter.block_size (7)"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_recipe("tiny-eagle3", [override], check_target=False)
     two_taps = RecipeConfig(
         drafter=DrafterConfig(kind="eagle3", num_layers=1, markov_rank=0, confidence_head=False),
         target=TargetConfig(layer_ids=[1, 3]),

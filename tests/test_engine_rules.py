@@ -16,13 +16,9 @@ import random
 import pytest
 import torch
 
-from deepspec_train.export.engine_rules import (
-    EngineRuleError,
-    captured_decoder_layers,
-    check_engines,
-    engine_reading,
-)
-from deepspec_train.kinds.serving_layouts import TensorSpec
+from deepspec_train.export.engine_rules import EngineRuleError, check_engines, engine_reading
+from deepspec_train.kinds.engine_reading import captured_decoder_layers
+from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
 
 # What each engine captures from each production export (decoder-layer outputs, fc column order).

@@ -7,6 +7,7 @@ shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing writte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,13 +17,16 @@ from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
-from deepspec_train.kinds.serving_layouts import (
-    LayoutError,
-    layer_ids_from_eagle3_config,
-    validate_layout,
-    vllm_eagle3_layer_ids,
-)
+from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
+from deepspec_train.kinds.engine_reading import EngineReading, captured_decoder_layers
+from deepspec_train.kinds.eagle3_layout import layer_ids_from_eagle3_config, vllm_eagle3_layer_ids
+from deepspec_train.kinds.layout_checks import ConfigCheck
+from deepspec_train.kinds.layout_registry import LAYOUTS, validate_layout
+from deepspec_train.kinds.parallel import DSPARK
+from deepspec_train.kinds.registry import KINDS
+from deepspec_train.kinds.layout_spec import LayoutError
 from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
@@ -165,6 +169,50 @@ def test_round_trip_is_bit_identical(tmp_path, target_dir, kind, labels, layout)
     if kind == "eagle3":
         assert torch.equal(loaded.module.d2t, drafter.d2t) and torch.equal(loaded.module.t2d, drafter.t2d)
         assert not bool(drafter.t2d.all())
+
+
+def _toy_engine(config, tensors, target, paths) -> EngineReading:
+    points = [i + 1 for i in config["target_layer_ids"]]
+    return EngineReading("vllm", "toy", captured_decoder_layers(points, target.num_layers), serve_commands=["toy"])
+
+
+def _without_heads(check: ConfigCheck):
+    tensors = DSPARK_LAYOUT.check(check)
+    return None if tensors is None else {k: v for k, v in tensors.items() if k not in TOY_FROM_TARGET}
+
+
+TOY_FROM_TARGET = ("embed_tokens.weight", "lm_head.weight")
+# A layout made of a record only: DSpark's fields, its heads taken from the target, one engine (vLLM) and a file.
+TOY_LAYOUT = dataclasses.replace(
+    DSPARK_LAYOUT, name="toy", architecture="ToyDraftModel", from_target=TOY_FROM_TARGET, copies_target_heads=False,
+    unwritten=lambda module: frozenset(TOY_FROM_TARGET), check=_without_heads, engines={"vllm": _toy_engine},
+    companion_files=lambda: {"TOY.md": "toy\n"}, readme_section=lambda config: ["## Toy", ""],
+)
+TOY_KIND = dataclasses.replace(DSPARK, name="toy-kind", layouts=lambda labels: (TOY_LAYOUT.name,),
+                               holds_export=lambda drafter: True)
+
+
+def test_a_new_kind_and_layout_are_one_record_each(tmp_path, target_dir, monkeypatch):
+    """Registering a kind record and a layout record is all the exporter, the engine rules and the loader need."""
+    monkeypatch.setitem(KINDS, TOY_KIND.name, TOY_KIND)
+    monkeypatch.setitem(LAYOUTS, TOY_LAYOUT.name, TOY_LAYOUT)
+    cfg = tiny_recipe("dspark", target_dir)
+    cfg = dataclasses.replace(cfg, drafter=dataclasses.replace(cfg.drafter, kind=TOY_KIND.name))
+    drafter = trained_drafter(cfg)
+    run = write_training_output(drafter, cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "TOY.md", "config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ToyDraftModel"]
+    assert not set(TOY_FROM_TARGET) & set(read_tensor_specs(out / "model.safetensors"))
+    assert "## Toy" in (out / "README.md").read_text()
+    vllm, sglang = check_export_dir(out, target_dir)
+    assert vllm.captured_layers == LAYER_IDS["dspark"] and vllm.serve_commands == ["toy"]
+    assert sglang.unserved == "sglang has no loader for the toy layout"
+    loaded = load_exported_drafter(out, target_path=target_dir)
+    assert (loaded.kind, loaded.source, loaded.target_layer_ids) == (TOY_KIND.name, "toy", LAYER_IDS["dspark"])
+    batch = random_batch("dspark")
+    want, got = drafter_outputs(drafter, batch), drafter_outputs(loaded.module, batch)
+    assert want.keys() == got.keys() and all(torch.equal(want[name], got[name]) for name in want)
 
 
 @pytest.mark.parametrize("head_type", ["gated", "rnn"])
@@ -343,6 +391,24 @@ def test_exporter_refuses_missing_tensor_or_field(tmp_path, target_dir, tensor, 
     with pytest.raises(LayoutError, match=message):
         export_drafter(source, target_dir, tmp_path / "export")
     assert not (tmp_path / "export").exists()
+
+
+def test_loader_refuses_a_confidence_head_without_markov_head(tmp_path, target_dir):
+    """The DSpark layout allows that head, no drafter kind has it: the loader refuses the export's config in one
+    line (it checks the export's own fields, it builds no recipe from them)."""
+    cfg = tiny_recipe("dflash", target_dir)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["markov_rank"] == 0
+    config |= {"enable_confidence_head": True, "confidence_head_with_markov": False}
+    (out / "config.json").write_text(json.dumps(config))
+    state = load_file(str(out / "model.safetensors"))
+    state |= {"confidence_head.proj.weight": torch.zeros(1, HIDDEN), "confidence_head.proj.bias": torch.zeros(1)}
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="enable_confidence_head with markov_rank 0 does not load") as err:
+        load_exported_drafter(out, target_path=target_dir)
+    assert "\n" not in str(err.value)
 
 
 def test_validation_names_every_problem(tmp_path, target_dir):

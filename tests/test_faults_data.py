@@ -36,8 +36,8 @@ def tokenizer(tmp_path_factory):
 
 
 def build(sources, tokenizer, cache, **kwargs):
-    return token_shards.build_token_dataset([str(s) for s in sources], tokenizer, 128, str(cache), progress=False,
-                                            **kwargs)
+    renderer = token_shards.ConversationRenderer(tokenizer, 128, None)
+    return token_shards.build_token_dataset([str(s) for s in sources], renderer, str(cache), progress=False, **kwargs)
 
 
 def write(path: Path, data: bytes) -> Path:

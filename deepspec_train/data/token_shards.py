@@ -87,25 +87,24 @@ class DataSummary:
 
 def build_token_dataset(
     sources: list[str],
-    tokenizer: Any,
-    max_length: int,
+    renderer: ConversationRenderer,
     cache_dir: str,
     strict: bool = False,
     split: str = "train",
     progress: bool = True,
-    chat_template_kwargs: dict | None = None,
     num_workers: int = 0,
 ) -> tuple[datasets.Dataset, DataSummary]:
     """Tokenised samples with columns ``input_ids``, ``loss_mask``, ``sample_id``, ``length``, and a summary.
 
     ``sample_id`` is the sample's 0-based index in the returned dataset (stable across cache reuse).
-    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) are passed to the chat template.
-    ``num_workers > 0`` renders in that many spawned processes; the result is identical to a serial build.
+    ``renderer`` holds the tokenizer, ``max_length`` and the chat template's keyword arguments (e.g.
+    ``{"enable_thinking": False}``). ``num_workers > 0`` renders in that many spawned processes; the result is
+    identical to a serial build.
     """
     if not sources:
         raise ValueError("build_token_dataset: no data sources given")
-    renderer = _Renderer(tokenizer, max_length, chat_template_kwargs)
-    entry = Path(os.path.expanduser(cache_dir)) / cache_key(sources, tokenizer, max_length, split, chat_template_kwargs)
+    key = cache_key(sources, renderer.tokenizer, renderer.max_length, split, renderer.chat_template_kwargs)
+    entry = Path(os.path.expanduser(cache_dir)) / key
     from_cache = (entry / SUMMARY_FILE).is_file()
     if not from_cache:
         _build_entry(entry, sources, split, renderer, strict, progress, num_workers)
@@ -159,8 +158,10 @@ def _tokenizer_identity(tokenizer: Any) -> str:
 
 
 @dataclass
-class _Renderer:
-    """Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable."""
+class ConversationRenderer:
+    """How conversations become samples: the tokenizer, the longest sample and the chat template's keyword
+    arguments. Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable
+    (sent to the rendering processes)."""
 
     tokenizer: Any
     max_length: int
@@ -180,7 +181,8 @@ class _Renderer:
 
 
 def _build_entry(
-    entry: Path, sources: list[str], split: str, renderer: _Renderer, strict: bool, progress: bool, num_workers: int
+    entry: Path, sources: list[str], split: str, renderer: ConversationRenderer, strict: bool, progress: bool,
+    num_workers: int,
 ) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))

@@ -24,9 +24,10 @@ from pathlib import Path
 
 from deepspec_train.errors import UserError
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
-from deepspec_train.export.engine_rules import ENGINES, check_export_dir, describe
+from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
-from deepspec_train.kinds.serving_layouts import LAYOUTS
+from deepspec_train.kinds.engine_reading import ENGINES
+from deepspec_train.kinds.layout_registry import LAYOUTS
 
 
 def _engine_list(text: str) -> list[str]:
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", required=True, help="training output <run>/drafter, or an earlier export")
     parser.add_argument("--target", required=True, help="target model directory (config.json + safetensors)")
     parser.add_argument("--out", required=True, help="export directory to write")
-    parser.add_argument("--layout", choices=LAYOUTS, default=None, help="default: the drafter's own layout")
+    parser.add_argument("--layout", choices=tuple(LAYOUTS), default=None, help="default: the drafter's own layout")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="float dtype of the weights")
     parser.add_argument("--calibration", default=None,
                         help=f"calibration.json (or {STS_FILENAME}) from `deepspec calibrate`")

@@ -1,20 +1,27 @@
-"""Rebuild a drafter module from an export (any layout in ``kinds.serving_layouts``) or from a training output directory.
+"""Rebuild a drafter module from an export (any layout in ``kinds.layout_registry``) or from a training output dir.
 
 ``load_exported_drafter(path)`` accepts:
 
-- an export directory (``config.json`` + ``model.safetensors``): the layout is read from ``architectures`` and the
-  checkpoint goes through ``serving_layouts.validate_layout`` (the exporter's own check) before anything is built;
+- an export directory (``config.json`` + ``model.safetensors``): the layout is read from ``architectures``, the
+  checkpoint goes through ``validate_layout`` (the exporter's own check) before anything is built, and the layout
+  record's ``read`` turns the config back into drafter settings (the kind registry tells the kind from them);
 - a training output directory ``<run>/drafter`` (``drafter_config.json`` + ``drafter.safetensors``, trainable
   weights only), or the run directory ``<run>`` itself, so evaluation works before export.
 
-Frozen target heads come from the export when it holds them (DSpark layout), otherwise from ``target_path``
-(default: the training run's recorded target) via ``load_head_weights``. The module is built on the meta device
-and its tensors assigned from the checkpoint, so no random initialisation runs for production-size drafters.
-It is returned in eval mode with gradients off, in the checkpoint's float dtype unless ``dtype`` is given.
+An export's config is checked by its layout (``validate_layout``, and the layout record's reading) on fields that
+no kind can load; no recipe is rebuilt from it. A training directory's config was written from a recipe that
+passed ``validation.load_recipe`` and is trusted.
+
+Frozen target heads come from the export when it holds them (DSpark layout), otherwise (the layout's
+``from_target`` tensors) from ``target_path`` (default: the training run's recorded target) via
+``load_head_weights``. The module is built on the meta device and its tensors assigned from the checkpoint, so no
+random initialisation runs for production-size drafters. It is returned in eval mode with gradients off, in the
+checkpoint's float dtype unless ``dtype`` is given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,15 +34,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
-from deepspec_train.kinds.serving_layouts import (
-    OMITTED_TENSORS,
-    TensorSpec,
-    check_draft_vocab,
-    layer_ids_from_eagle3_config,
-    layout_of_config,
-    validate_layout,
-)
+from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.kinds.eagle3_layout import check_draft_vocab
+from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
+from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
 from deepspec_train.models.draft_vocab import stored_draft_vocab
@@ -50,8 +52,6 @@ EXPORT_CONFIG = "config.json"
 # Our addition to an export's config.json (engines ignore it): the fingerprint of the target it was trained for.
 FINGERPRINT_FIELD = "training_target_fingerprint"
 EXPORT_WEIGHTS = "model.safetensors"
-# EAGLE-3 configs carry no block size; DeepSpec trains EAGLE-3 with 7 TTT steps.
-DEFAULT_EAGLE3_BLOCK = 7
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -165,9 +165,6 @@ def _build(
     state: dict[str, torch.Tensor],
 ) -> nn.Module:
     spec = kind_spec(drafter_cfg.kind)
-    problems = spec.recipe_problems(RecipeConfig(drafter=drafter_cfg, target=TargetConfig(layer_ids=list(layer_ids))))
-    if problems:
-        raise ValueError("; ".join(problems))
     if "d2t" in state and "t2d" in state:
         check_draft_vocab(state["d2t"], state["t2d"])
     # Built outside the meta context first: the kind may add the buffers it derives (identity maps) to ``state``.
@@ -210,56 +207,28 @@ def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
     fingerprint = config.get(FINGERPRINT_FIELD)
     if target_path:
         check_same_target(fingerprint, target_path, f"the export in {root}")
-    layout = layout_of_config(config)
+    layout = serving_layout(layout_of_config(config))
     weights = root / EXPORT_WEIGHTS
-    validate_layout(layout, config, read_tensor_specs(weights))
+    validate_layout(layout.name, config, read_tensor_specs(weights))
     state = load_file(str(weights))
     dtype = _weights_dtype(state)
-    kind = kind_of_export(layout, config).name
-    temperatures = None
-    if layout == "dspark":
-        rank, confidence = config["markov_rank"], config["enable_confidence_head"]
-        if confidence and config["confidence_head_with_markov"] != (rank > 0):
-            raise ValueError("only confidence heads that read the Markov rows exactly when markov_rank > 0 load")
-        layer_ids, mask_id = config["target_layer_ids"], config["mask_token_id"]
-        drafter_cfg = DrafterConfig(
-            kind=kind, num_layers=config["num_hidden_layers"],
-            block_size=config["block_size"], markov_rank=rank, confidence_head=confidence, labels="dspark",
-            mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
-            markov_head_type=config["markov_head_type"],
-        )
-        temperatures = config.get("confidence_temperatures")
-        geometry = _export_geometry(config, config["num_target_layers"])
-    elif layout == "zlab-dflash":
-        layer_ids, mask_id = config["dflash_config"]["target_layer_ids"], config["dflash_config"]["mask_token_id"]
-        drafter_cfg = DrafterConfig(
-            kind=kind, num_layers=config["num_hidden_layers"], block_size=config["block_size"], markov_rank=0,
-            confidence_head=False, labels="zlab", mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
-        )
-        geometry = _export_geometry(config, config["num_target_layers"])
-    else:
-        layer_ids, mask_id = layer_ids_from_eagle3_config(config), None
-        block = config.get("block_size", DEFAULT_EAGLE3_BLOCK)
-        drafter_cfg = DrafterConfig(
-            kind=kind, num_layers=1, block_size=block, ttt_steps=block, markov_rank=0, confidence_head=False,
-            draft_vocab_size=config["draft_vocab_size"], intermediate_size=config["intermediate_size"],
-        )
-        # Only used as metadata by the EAGLE-3 module; the smallest depth consistent with its taps when absent.
-        geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
-    omitted = OMITTED_TENSORS[layout]
-    if omitted:
-        heads = kind_spec(kind).frozen_head_state(*_target_heads(target_path, dtype), stored_draft_vocab(state))
-        state.update({name: tensor for name, tensor in heads.items() if name in omitted})
-    module = _build(drafter_cfg, geometry, layer_ids, state)
+    reading = layout.read(config)
+    kind = kind_of_export(layout.name, reading.drafter)
+    drafter_cfg = dataclasses.replace(reading.drafter, kind=kind.name)
+    geometry = _export_geometry(config, reading.num_target_layers)
+    if layout.from_target:
+        heads = kind.frozen_head_state(*_target_heads(target_path, dtype), stored_draft_vocab(state))
+        state.update({name: tensor for name, tensor in heads.items() if name in layout.from_target})
+    module = _build(drafter_cfg, geometry, reading.target_layer_ids, state)
     return LoadedDrafter(
         module=module,
         kind=drafter_cfg.kind,
         block_size=drafter_cfg.block_size,
-        target_layer_ids=list(layer_ids),
-        mask_token_id=mask_id,
-        confidence_temperatures=None if temperatures is None else [float(t) for t in temperatures],
+        target_layer_ids=list(reading.target_layer_ids),
+        mask_token_id=reading.mask_token_id,
+        confidence_temperatures=reading.confidence_temperatures,
         labels=drafter_cfg.labels,
-        source=layout,
+        source=layout.name,
         target_fingerprint=fingerprint,
     )
 

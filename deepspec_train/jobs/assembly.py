@@ -24,7 +24,7 @@ from torch import nn
 
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.data.token_shards import build_token_dataset
+from deepspec_train.data.token_shards import ConversationRenderer, build_token_dataset
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.console import get_logger
 from deepspec_train.metrics.sinks import make_sink
@@ -32,6 +32,7 @@ from deepspec_train.target.fingerprint import target_fingerprint
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_tokenizer
 from deepspec_train.jobs.run_directory import set_aside_metrics_after
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
 from deepspec_train.training.feature_source import FeatureSource, InProcessFeatureSource, PackingSpec, ValidationShare
@@ -65,7 +66,9 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
 def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
     """Tokenised ``train`` and (when named) ``validation`` datasets, cached on disk (``data.train`` is never empty:
     ``config.rules`` refuses that recipe)."""
-    tokenizer = load_tokenizer(cfg.target)
+    renderer = ConversationRenderer(
+        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking}
+    )
     datasets = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:
@@ -74,10 +77,8 @@ def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
         for building in (True, False):
             if building == ctx.is_main:
                 dataset, summary = build_token_dataset(
-                    sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
-                    split=cfg.data.split, progress=ctx.is_main,
-                    chat_template_kwargs={"enable_thinking": cfg.data.enable_thinking},
-                    num_workers=cfg.data.num_workers,
+                    sources, renderer, cfg.data.cache_dir, strict=cfg.data.strict, split=cfg.data.split,
+                    progress=ctx.is_main, num_workers=cfg.data.num_workers,
                 )
             barrier(ctx)
         log.info("%s data: %s", split, summary.format())
@@ -131,11 +132,9 @@ def train_and_finish(
     if ctx.is_main:
         n_train = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
         log.info("drafter %s: %.2fM trainable parameters; %d steps", cfg.drafter.kind, n_train / 1e6, total_steps)
-    trainer = DrafterTrainer(
-        cfg, drafter, target_head_weight, source, validation, sink, ctx, total_steps, resolve_attention(ctx),
-        resume_from,
-    )
-    summary = trainer.fit()
+    loss = DrafterLoss.for_recipe(cfg, target_head_weight, resolve_attention(ctx))
+    trainer = DrafterTrainer(cfg, drafter, loss, source, validation, sink, ctx, total_steps)
+    summary = trainer.fit(resume_from)
     if ctx.is_main:
         write_trained_drafter(drafter, cfg, out_dir / "drafter", target_fingerprint(cfg.target.path).to_dict())
         (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))

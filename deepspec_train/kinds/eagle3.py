@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT, NUM_FUSED_LAYERS
 from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
 )
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
 NAME = "eagle3"
-# Low / mid / high target layers, fused by ``fc``.
-NUM_FUSED_LAYERS = 3
 
 
 def _problems(cfg: RecipeConfig) -> list[str]:
@@ -60,30 +59,6 @@ def _problems(cfg: RecipeConfig) -> list[str]:
             f"{len(cfg.target.layer_ids)} ({cfg.target.layer_ids})"
         )
     return problems
-
-
-def check_eagle3_taps(layer_ids: list[int], num_target_layers: int) -> None:
-    """Refuse EAGLE-3 taps that no serving engine can feed back in the trained order (one-line ``ValueError``).
-
-    vLLM and SGLang capture the residual stream entering each chosen decoder layer while they walk the layers in
-    order, so ``fc``'s input columns always come in increasing layer order, and the last layer's output (it
-    enters no layer) is never available. Taps must therefore be 3 non-decreasing decoder-layer ids in
-    ``0..L-2``. Repeated ids train, but each engine captures a layer once, so their export is refused later.
-    """
-    ids = list(layer_ids)
-    if len(ids) != NUM_FUSED_LAYERS or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers (ints), got target.layer_ids={ids}")
-    if ids != sorted(ids):
-        raise ValueError(
-            f"EAGLE-3 target.layer_ids={ids} are not in increasing order; the engines feed fc in layer order, "
-            f"so train with target.layer_ids={sorted(ids)}"
-        )
-    last = num_target_layers - 2
-    if ids[0] < 0 or ids[-1] > last:
-        raise ValueError(
-            f"EAGLE-3 target.layer_ids={ids} must be decoder layers 0..{last} of the {num_target_layers}-layer "
-            "target (engines capture the state entering a layer, never the last layer's output)"
-        )
 
 
 def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
@@ -162,11 +137,11 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
 
 
 def _layouts(labels: str) -> tuple[str, ...]:
-    return ("eagle3",)
+    return (EAGLE3_LAYOUT.name,)
 
 
-def _reads_export(layout: str, config: Mapping[str, Any]) -> bool:
-    return layout == "eagle3"
+def _holds_export(drafter: DrafterConfig) -> bool:
+    return True
 
 
 EAGLE3 = DrafterKind(
@@ -186,5 +161,5 @@ EAGLE3 = DrafterKind(
     flops_per_sequence=_flops,
     serving_round=eagle3_round,
     layouts=_layouts,
-    reads_export=_reads_export,
+    holds_export=_holds_export,
 )

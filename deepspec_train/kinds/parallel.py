@@ -9,12 +9,14 @@ exports in z-lab's own layout. Their loss weights slot ``k`` (0-based) by ``exp(
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
-from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.config.schema import DSPARK_LABELS, ZLAB_LABELS, DrafterConfig, RecipeConfig
+from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
 from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
 )
+from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.serving_kernels import parallel_round
 
@@ -39,7 +41,7 @@ def _dspark_problems(cfg: RecipeConfig) -> list[str]:
         problems.append(f"drafter.draft_vocab_size = {d.draft_vocab_size} must be >= 1 (or unset: full vocabulary)")
     if d.markov_rank <= 0:
         problems.append(f"drafter.kind=dspark needs drafter.markov_rank > 0, got {d.markov_rank} (use kind=dflash for rank 0)")
-    if d.labels != "dspark":
+    if d.labels != DSPARK_LABELS:
         problems.append(f"drafter.labels={d.labels} is DFlash's own convention: only with drafter.kind=dflash")
     return problems
 
@@ -52,7 +54,7 @@ def _dflash_problems(cfg: RecipeConfig) -> list[str]:
             f"drafter.kind=dflash needs drafter.markov_rank=0 and drafter.confidence_head=false, got "
             f"{d.markov_rank} and {str(d.confidence_head).lower()}"
         )
-    if d.labels == "zlab" and d.block_size < 2:
+    if d.labels == ZLAB_LABELS and d.block_size < 2:
         problems.append(f"drafter.labels=zlab drafts block_size - 1 tokens: drafter.block_size must be >= 2, got {d.block_size}")
     return problems
 
@@ -135,20 +137,20 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
 
 
 def _dspark_layouts(labels: str) -> tuple[str, ...]:
-    return ("dspark",) if labels == "dspark" else ()
+    return (DSPARK_LAYOUT.name,) if labels == DSPARK_LABELS else ()
 
 
 def _dflash_layouts(labels: str) -> tuple[str, ...]:
     # A DSpark-label DFlash is DeepSpec's DFlash: the DSpark layout with Markov rank 0; z-lab labels only z-lab's.
-    return ("dspark",) if labels == "dspark" else ("zlab-dflash",)
+    return (DSPARK_LAYOUT.name,) if labels == DSPARK_LABELS else (ZLAB_DFLASH_LAYOUT.name,)
 
 
-def _reads_dspark_export(layout: str, config: Mapping[str, Any]) -> bool:
-    return layout == "dspark" and int(config.get("markov_rank", 0)) > 0
+def _holds_dspark(drafter: DrafterConfig) -> bool:
+    return drafter.markov_rank > 0
 
 
-def _reads_dflash_export(layout: str, config: Mapping[str, Any]) -> bool:
-    return layout == "zlab-dflash" or (layout == "dspark" and int(config.get("markov_rank", 0)) == 0)
+def _holds_dflash(drafter: DrafterConfig) -> bool:
+    return drafter.markov_rank == 0
 
 
 _SHARED = dict(
@@ -171,7 +173,7 @@ DSPARK = DrafterKind(
     summary="parallel backbone + low-rank Markov head + confidence head",
     recipe_problems=_dspark_problems,
     layouts=_dspark_layouts,
-    reads_export=_reads_dspark_export,
+    holds_export=_holds_dspark,
     **_SHARED,
 )
 
@@ -180,6 +182,6 @@ DFLASH = DrafterKind(
     summary="parallel backbone only (Markov and confidence heads off)",
     recipe_problems=_dflash_problems,
     layouts=_dflash_layouts,
-    reads_export=_reads_dflash_export,
+    holds_export=_holds_dflash,
     **_SHARED,
 )

@@ -5,8 +5,8 @@ record of that kind instead of a ``kind == ...`` switch: which recipe settings i
 built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
 selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
 costs, its FLOPs for sizing, its kernel groups per serving round (``serving_cost``), and which serving layouts it
-exports to. The records themselves live in ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py``
-looks them up.
+exports to (the layouts themselves are ``ServingLayout`` records, ``kinds.layout_spec``). The records themselves
+live in ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
 
 The kind modules import torch and the model code only inside their functions: recipe validation
 (``validation.load_recipe``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
 from deepspec_train.models.geometry import DrafterGeometry
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 @dataclass
 class LossInputs:
-    """The kind-specific arguments of ``selected_logit_loss`` for one forward's supervised rows."""
+    """The kind-specific fields of the loss's ``SupervisedRows`` for one forward's supervised rows."""
 
     weights: "torch.Tensor"
     draft_to_target: "Optional[torch.Tensor]"
@@ -66,7 +66,8 @@ class DrafterKind:
     - ``serving_round(drafter_cfg, geometry, taps, shape)``: one serving round's sequential kernel groups, their
       bytes and FLOPs (``serving_kernels``), for a drafter reading ``taps`` target layers.
     - ``layouts(labels)``: the serving layouts a drafter trained with ``labels`` exports to, default first.
-    - ``reads_export(layout, config)``: whether an export config in ``layout`` holds a drafter of this kind.
+    - ``holds_export(drafter_cfg)``: whether the drafter settings read back from an export in one of this kind's
+      ``layouts`` are this kind's (a DSpark and a rank-0 DFlash share the DSpark layout).
     """
 
     name: str
@@ -86,7 +87,7 @@ class DrafterKind:
     flops_per_sequence: Callable[[RecipeConfig, DrafterGeometry, int, int], float]
     serving_round: "Callable[[DrafterConfig, DrafterGeometry, int, RoundShape], ServingRound]"
     layouts: Callable[[str], tuple[str, ...]]
-    reads_export: Callable[[str, Mapping[str, Any]], bool]
+    holds_export: Callable[[DrafterConfig], bool]
 
     def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""

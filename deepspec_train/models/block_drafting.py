@@ -36,6 +36,7 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
+from deepspec_train.config.schema import DSPARK_LABELS, LABEL_CONVENTIONS, ZLAB_LABELS
 from deepspec_train.models.sampling import probs_from_logits
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.parallel_drafter import ParallelDrafter
@@ -129,12 +130,12 @@ def sample_tokens(probs: torch.Tensor, temperature: float, generator: Optional[t
 class ParallelBlockDrafter:
     """DSpark / DFlash drafting: one backbone pass, then sequential Markov sampling (see the module docstring)."""
 
-    def __init__(self, module: ParallelDrafter, labels: str = "dspark") -> None:
-        if labels not in ("dspark", "zlab"):
+    def __init__(self, module: ParallelDrafter, labels: str = DSPARK_LABELS) -> None:
+        if labels not in LABEL_CONVENTIONS:
             raise ValueError(f"unknown label convention {labels!r}")
         self.module = module
         # z-lab labels: slot 0 holds the anchor and predicts nothing, so drafts come from slots 1..B-1.
-        self.slot_offset = 1 if labels == "zlab" else 0
+        self.slot_offset = 1 if labels == ZLAB_LABELS else 0
         self.max_block_size = module.block_size - self.slot_offset
 
     @torch.no_grad()

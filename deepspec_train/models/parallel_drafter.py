@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.config.schema import MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.qwen3_layers import AttentionBackend, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, attend
@@ -41,7 +41,6 @@ from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
 
 INIT_STD = 0.02
-MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
 @dataclass
@@ -158,7 +157,8 @@ class MarkovHead(nn.Module):
     """
 
     def __init__(
-        self, vocab_size: int, rank: int, hidden_size: int, head_type: str = "vanilla", draft_vocab_size: int = 0
+        self, vocab_size: int, rank: int, hidden_size: int, head_type: str = VANILLA_MARKOV_HEAD,
+        draft_vocab_size: int = 0,
     ) -> None:
         """``vocab_size``: the target vocabulary ``W1`` reads; ``draft_vocab_size``: the rows of ``W2`` (0: the
         target vocabulary too)."""
