@@ -5,7 +5,8 @@ token embedding keep the target vocabulary, and ``d2t`` / ``t2d`` map draft ids 
 Checked here: the module's heads and maps, the training loss against a brute-force computation from the full
 draft distribution (target mass outside the draft vocabulary counts as uncovered), the kind's rules, a full
 vocabulary leaving the module exactly as before, and training on the tiny world (colocated and streamed equal)
-with a reload through the loader that gives equal logits. Losslessness of decoding with a reduced vocabulary is
+with an export in the speculators layout (``deepspec export``: vLLM serves it, SGLang is named as not serving it,
+the DeepSpec layout refuses it) that reloads into the same module. Losslessness of decoding with a reduced vocabulary is
 in ``tests/test_losslessness.py``.
 """
 
@@ -20,13 +21,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from deepspec_train.config.schema import RecipeConfig, TargetConfig
+from deepspec_train.config.schema import LossConfig, RecipeConfig, TargetConfig
 from deepspec_train.formats.drafter_loader import load_exported_drafter
+from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.losses.selected_logit_loss import selected_logit_loss
 from deepspec_train.models.draft_vocab import build_draft_vocab
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.packing.anchors import sample_anchors
+from deepspec_train.target.head_weights import load_head_weights
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.packing.packer import pack_sequences
 from tests.drafter_fixtures import BLOCK, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, drafter_config, random_item
 
@@ -101,15 +104,12 @@ def test_training_loss_equals_the_brute_force_one(head_type: str) -> None:
     items = [random_item(length, i, g) for i, length in enumerate((29, 23, 31))]
     anchors = [sample_anchors(item.loss_mask, 6, g) for item in items]
     (batch,) = pack_sequences(items, anchors, BLOCK, 10_000, MASK_ID)
-    cfg = RecipeConfig(drafter=drafter_config("dspark", draft_vocab_size=DRAFT), target=TargetConfig(layer_ids=LAYER_IDS))
+    # Chunks of 7 rows: the chunked loss crosses chunk boundaries with the draft-vocabulary map and the Markov rows.
+    cfg = RecipeConfig(drafter=drafter_config("dspark", draft_vocab_size=DRAFT, markov_head_type=head_type),
+                       target=TargetConfig(layer_ids=LAYER_IDS), loss=LossConfig(chunk_size=7))
+    loss = DrafterLoss.for_recipe(cfg, target_head, "sdpa")
+    got = loss(module, batch, float(batch.supervised_mask.sum())).loss
     output = module(batch)
-    inputs = kind_spec("dspark").loss_inputs(module, output, cfg)
-    got = selected_logit_loss(
-        output.hidden, module.lm_head.weight, batch.target_hidden, target_head, batch.labels[batch.supervised_mask],
-        inputs.weights, markov_rows=output.markov_rows, markov_w2=inputs.markov_w2, conf_logits=output.conf_logits,
-        draft_to_target=inputs.draft_to_target, alpha_ce=cfg.loss.alpha_ce, alpha_tv=cfg.loss.alpha_tv,
-        alpha_conf=cfg.loss.alpha_conf, chunk_size=7,
-    )
     expected, c_star = _brute_force_loss(module, target_head, batch, output, cfg)
     torch.testing.assert_close(got.loss, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got.c_star, c_star, rtol=1e-5, atol=1e-6)
@@ -147,7 +147,7 @@ def test_reduced_vocab_dspark_trains_colocated_and_streamed_and_reloads(tiny_wor
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
     ]}.items():
         out = tmp_path / mode
-        args = ["recipe=tiny-dspark", f"drafter.draft_vocab_size={draft}", *overrides(tiny_world, "tiny-dspark", out, 3),
+        args = ["recipe=tiny-dspark-v1k", f"drafter.draft_vocab_size={draft}", *overrides(tiny_world, "tiny-dspark", out, 3),
                 "logging.wandb=false"]
         if mode == "streamed":
             args.append("topology.target_workers=1")
@@ -164,3 +164,29 @@ def test_reduced_vocab_dspark_trains_colocated_and_streamed_and_reloads(tiny_wor
     loaded = load_exported_drafter(colocated / "drafter")
     assert loaded.module.lm_head.weight.shape[0] == draft
     assert int(loaded.module.t2d.sum()) == draft
+    _exports_in_the_speculators_layout_and_reloads_equal(tiny_world, colocated / "drafter", tmp_path / "export", draft)
+
+
+def _exports_in_the_speculators_layout_and_reloads_equal(tiny_world: Path, drafter: Path, out: Path, draft: int) -> None:
+    target = tiny_world / "target"
+    args = ["export", "--drafter", str(drafter), "--target", str(target), "--dtype", "fp32"]
+    assert deepspec(args + ["--out", str(out.with_name("refused")), "--layout", "dspark"]) == 2
+    assert not out.with_name("refused").exists()
+    assert deepspec(args + ["--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DSparkSpeculator"] and config["speculators_model_type"] == "dspark"
+    assert config["draft_vocab_size"] == draft and config["sample_from_anchor"] is True
+    assert config["aux_hidden_state_layer_ids"] == [k + 1 for k in config["target_layer_ids"]]
+    assert config["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == config["block_size"]
+    assert config["transformer_layer_config"]["num_hidden_layers"] == config["num_hidden_layers"]
+    tensors = load_file(str(out / "model.safetensors"))
+    assert tensors["lm_head.weight"].shape[0] == draft and tensors["d2t"].dtype == torch.int64
+    head = load_head_weights(str(target))[1]
+    ids = torch.arange(draft) + tensors["d2t"]
+    assert torch.equal(tensors["lm_head.weight"], head[ids].float())
+    readme = (out / "README.md").read_text()
+    assert "vllm serve" in readme and "SGLang 0.5.23 does not read the speculators format" in readme
+    exported, trained = load_exported_drafter(out, str(target)), load_exported_drafter(drafter, str(target))
+    assert exported.source == "speculators-dspark" and exported.kind == "dspark"
+    state, reference = exported.module.state_dict(), trained.module.state_dict()
+    assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in state)

@@ -34,7 +34,7 @@ from deepspec_train.kinds.engine_reading import (
 )
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec, config_geometry, decoder_layer_tensors
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, LayoutError, ServingLayout, WrittenDrafter, no_companion_files, no_readme_section,
+    ExportReading, LayoutError, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section,
 )
 
 if TYPE_CHECKING:
@@ -261,6 +261,7 @@ def _depth(module: "nn.Module") -> int:
 EAGLE3_LAYOUT = ServingLayout(
     name=NAME,
     architecture="LlamaForCausalLMEagle3",
+    holds=holds_any,
     from_target=_FROM_TARGET,
     copies_target_heads=False,
     carries_temperatures=False,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DSPARK_LABELS, ZLAB_LABELS, DrafterConfig, RecipeConfig
 from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
+from deepspec_train.kinds.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
 from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
 )
@@ -137,7 +138,8 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
 
 
 def _dspark_layouts(labels: str) -> tuple[str, ...]:
-    return (DSPARK_LAYOUT.name,) if labels == DSPARK_LABELS else ()
+    # The DeepSpec layout first (both engines serve it); a reduced draft vocabulary only fits the speculators one.
+    return (DSPARK_LAYOUT.name, SPECULATORS_DSPARK_LAYOUT.name) if labels == DSPARK_LABELS else ()
 
 
 def _dflash_layouts(labels: str) -> tuple[str, ...]:
