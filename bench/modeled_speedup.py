@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.quality_harness import ratio_cell
+from deepspec_train.evaluation.drafter_comparison import ratio_cell
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.evaluation.paired_bootstrap import PromptTotals, RatioEstimate
 from deepspec_train.formats.trained_drafter import read_trained_drafter

@@ -49,7 +49,7 @@ from deepspec_train.calibration.cli import survival_arrays  # noqa: E402
 from deepspec_train.calibration.heldout import (  # noqa: E402
     HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
 )
-from bench.quality_harness import (  # noqa: E402
+from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
     BenchDrafter, DecodeSettings, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios,
     tau_by_category, tau_table, totals_by_category,
 )

@@ -19,6 +19,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import ConversationRenderer, DataSummary, build_token_dataset
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.entry import parse_command_line
+from deepspec_train.output_paths import ensure_output_dir
 
 
 def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, DataSummary]:
@@ -48,6 +49,8 @@ def _tokenize(argv: list[str]) -> int:
     recipe, overrides = parse_command_line(argv)
     # Tokenising reads the target's tokenizer only: the rules that tie taps to its layers do not apply yet.
     cfg = load_recipe(recipe, overrides, check_target=False)
+    if cfg.data.cache_dir:
+        ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
     for split, summary in tokenize_recipe_data(cfg).items():
         print(f"{split}: {summary.format()}")
     return 0

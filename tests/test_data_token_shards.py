@@ -13,7 +13,7 @@ import pytest
 from deepspec_train.data import token_shards
 from deepspec_train.data.conversations import BadRow, write_conversations_jsonl
 from deepspec_train.data.loss_mask import render_with_loss_mask
-from tests.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
 
 GOOD = [
     {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]},

@@ -6,6 +6,7 @@ instantiated on the meta device.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
@@ -19,23 +20,14 @@ from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConf
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
-from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 from deepspec_train.validation import load_recipe
+from tests.helpers.tiny_geometry import TINY_GEOMETRY
 
 MASK_ID = 1
-TINY = DrafterGeometry(
-    hidden_size=32,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    vocab_size=40,
-    num_target_layers=8,
-    max_position_embeddings=256,
-)
+# The tiny geometry with a smaller vocabulary and head, and taps from 8 target layers (layer ids up to 4).
+TINY = dataclasses.replace(TINY_GEOMETRY, head_dim=8, vocab_size=40, num_target_layers=8, max_position_embeddings=256)
 
 
 # ---------------------------------------------------------------- draft vocabulary
@@ -307,7 +299,6 @@ def test_step_weights_decay() -> None:
     torch.testing.assert_close(drafter.step_weights(7), torch.tensor([0.8**k for k in range(7)]))
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_backend_matches_sdpa() -> None:
     block = 3
     drafter = make_drafter(block)
@@ -388,7 +379,7 @@ def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
     training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once; with
     dynamic RoPE scaling too (every step rotates at the length the unroll uses), past the trained positions."""
     from deepspec_train.models.block_drafting import DraftContext, Eagle3BlockDrafter
-    from tests.drafter_fixtures import anchor_batch, use_dynamic_rope
+    from tests.helpers.tiny_drafter import anchor_batch, use_dynamic_rope
 
     block = 5
     drafter = make_drafter(block)

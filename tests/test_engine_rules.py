@@ -99,7 +99,7 @@ def test_serve_lines_of_the_8b_dspark_export(plans):
 
 def test_serve_lines_of_zlab_and_eagle3(plans):
     from deepspec_train.export.exporter import plan_export
-    from tests.test_export import QWEN3_8B, meta_parallel
+    from tests.helpers.meta_drafters import QWEN3_8B, meta_parallel
 
     zlab = plan_export(meta_parallel("dflash", labels="zlab"), QWEN3_8B.to_dict())
     vllm, sglang = (engine_reading(e, zlab.config, zlab.tensors, QWEN3_8B.to_dict()) for e in ("vllm", "sglang"))

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
 from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
@@ -30,111 +29,22 @@ from deepspec_train.kinds.layout_spec import LayoutError
 from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
-from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.parallel_drafter import ParallelDrafter
-from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
-from deepspec_train.packing.anchors import sample_anchors
-from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.packing.packer import SequenceItem, pack_sequences
+from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 from deepspec_train.target.head_weights import load_head_weights
 from deepspec_train.formats.trained_drafter import write_trained_drafter
-from tests.drafter_fixtures import drafter_outputs, random_loss_mask
-
-VOCAB, MASK_ID, HIDDEN, BLOCK, TARGET_LAYERS = 97, 96, 32, 4, 4
-LAYER_IDS = {"dspark": [0, 2], "dflash": [0, 2], "eagle3": [0, 1, 2]}
-
-
-def save_tiny_target(directory: Path) -> str:
-    """An untied 4-layer Qwen3 target (config.json + model.safetensors), so a swapped embed/LM head would show."""
-    config = Qwen3Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=TARGET_LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(123)
-    Qwen3ForCausalLM(config).save_pretrained(str(directory))
-    return str(directory)
-
-
-def tiny_recipe(kind: str, target_path: str, labels: str = "dspark", **drafter) -> RecipeConfig:
-    base = {"kind": kind, "num_layers": 2, "block_size": BLOCK, "mask_token_id": MASK_ID, "labels": labels,
-            "intermediate_size": 48}
-    if kind == "dspark":
-        base.update(markov_rank=8, confidence_head=True)
-    elif kind == "dflash":
-        base.update(markov_rank=0, confidence_head=False)
-    else:
-        base.update(num_layers=1, ttt_steps=BLOCK, draft_vocab_size=40, markov_rank=0, confidence_head=False)
-    base.update(drafter)
-    return RecipeConfig(
-        drafter=DrafterConfig(**base), target=TargetConfig(path=target_path, layer_ids=list(LAYER_IDS[kind]))
-    )
-
-
-def trained_drafter(cfg: RecipeConfig, seed: int = 0) -> torch.nn.Module:
-    """A drafter with every trainable weight random (norm scales, Markov W2 and biases too) and target heads."""
-    geometry = geometry_from_target_config(Qwen3Config.from_pretrained(cfg.target.path), cfg.drafter.intermediate_size)
-    torch.manual_seed(seed)
-    counts = torch.randint(0, 100, (geometry.vocab_size,))
-    drafter = build_drafter_for_geometry(cfg, geometry, counts)
-    with torch.no_grad():
-        for name, param in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith(("markov_w2.weight", ".bias")):
-                param.normal_(std=0.3)
-    embed, lm_head = load_head_weights(cfg.target.path)
-    if isinstance(drafter, Eagle3Drafter):
-        drafter.load_target_embedding(embed)
-    else:
-        drafter.load_target_heads(embed, lm_head)
-    return drafter.eval()
-
-
-def write_training_output(drafter: torch.nn.Module, cfg: RecipeConfig, run_dir: Path) -> Path:
-    """``<run>/drafter`` as training writes it; EAGLE-3 also keeps its draft-vocabulary maps there."""
-    out = run_dir / "drafter"
-    write_trained_drafter(drafter, cfg, out)
-    if isinstance(drafter, Eagle3Drafter):
-        state = load_file(str(out / "drafter.safetensors"))
-        state.update(d2t=drafter.d2t.clone(), t2d=drafter.t2d.clone())
-        save_file(state, str(out / "drafter.safetensors"))
-    return out
-
-
-def random_batch(kind: str, seed: int = 0, labels: str = "dspark") -> PackedBatch:
-    """Anchor blocks from three random sequences with random target features for ``kind``'s taps."""
-    g = torch.Generator().manual_seed(seed)
-    width = len(LAYER_IDS[kind]) * HIDDEN
-    items = []
-    for i, length in enumerate((23, 31, 17)):
-        items.append(
-            SequenceItem(
-                input_ids=torch.randint(0, MASK_ID, (length,), generator=g),
-                loss_mask=random_loss_mask(length, g),
-                ctx_features=torch.randn(length, width, generator=g),
-                final_hidden=torch.randn(length, HIDDEN, generator=g),
-                sample_id=i,
-            )
-        )
-    anchors = [sample_anchors(it.loss_mask, 4, g) for it in items]
-    (batch,) = pack_sequences(items, anchors, BLOCK, 10_000, MASK_ID, labels)
-    return batch
+from tests.helpers.meta_drafters import QWEN3_8B, meta_parallel
+from tests.helpers.tiny_drafter import drafter_outputs
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
+from tests.helpers.trained_drafters import (
+    LAYER_IDS, exported_dspark, random_batch, save_tiny_target, tiny_recipe, trained_drafter, write_training_output,
+)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> str:
     return save_tiny_target(tmp_path_factory.mktemp("target"))
-
-
-def exported_dspark(tmp_path: Path, target: str, temperatures=None) -> tuple[Path, torch.nn.Module]:
-    """A trained-ish DSpark drafter exported at fp32 (used by the calibrate CLI tests too)."""
-    cfg = tiny_recipe("dspark", target)
-    drafter = trained_drafter(cfg)
-    run = write_training_output(drafter, cfg, tmp_path / "run")
-    out = export_drafter(run, target, tmp_path / "export", confidence_temperatures=temperatures, dtype=torch.float32)
-    return out, drafter
 
 
 CASES = [("dspark", "dspark", "dspark"), ("dflash", "dspark", "dspark"), ("dflash", "zlab", "zlab-dflash"),
@@ -437,7 +347,6 @@ def test_validation_names_every_problem(tmp_path, target_dir):
 
 # ---------------------------------------------------------------- Qwen3-8B plan on the meta device (serving layouts)
 
-QWEN3_8B = qwen3_reference_configs()["Qwen3-8B"]
 D, V, I, H, G, HD = 4096, 151936, 12288, 32, 8, 128
 
 
@@ -469,15 +378,6 @@ def formats_parallel(rank: int, confidence: bool, heads: bool) -> dict[str, tupl
     if confidence:
         shapes.update({"confidence_head.proj.weight": (1, D + rank), "confidence_head.proj.bias": (1,)})
     return shapes
-
-
-def meta_parallel(kind: str, labels: str = "dspark") -> LoadedDrafter:
-    rank, confidence = (256, True) if kind == "dspark" else (0, False)
-    cfg = DrafterConfig(kind=kind, num_layers=5, block_size=7, markov_rank=rank, confidence_head=confidence,
-                        labels=labels)
-    with torch.device("meta"):
-        module = ParallelDrafter(geometry_from_target_config(QWEN3_8B), cfg, REFERENCE_LAYER_IDS["Qwen3-8B"])
-    return LoadedDrafter(module, kind, 7, REFERENCE_LAYER_IDS["Qwen3-8B"], 151669, None, labels, "training")
 
 
 def plan_shapes(plan) -> dict[str, tuple]:

@@ -21,8 +21,8 @@ import pytest
 from deepspec_train.data import token_shards
 from deepspec_train.data.conversations import BadRow, DataSourceError, iter_records, read_conversations_jsonl
 from deepspec_train.jobs.entry import main as train_main
-from tests.chat_tokenizer import build_chat_tokenizer
-from tests.streaming_helpers import REPO, rank_env, recipe_overrides
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.streaming_world import REPO, rank_env, recipe_overrides
 
 ROW = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello, how are you?"}]}
 LINE = json.dumps(ROW).encode()

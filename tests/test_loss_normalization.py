@@ -23,7 +23,8 @@ from deepspec_train.packing.packer import pack_sequences
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.loss_normalizers import step_normalizers
-from tests.drafter_fixtures import BLOCK, HIDDEN, MASK_ID, VOCAB, drafter_config, random_item, tiny_drafter
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
+from tests.helpers.tiny_drafter import drafter_config, random_item, tiny_drafter
 
 NUM_SEQUENCES = 6
 LENGTHS = [40, 23, 61, 17, 35, 52]

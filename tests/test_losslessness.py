@@ -22,7 +22,7 @@ from scipy.stats import chisquare
 from deepspec_train.models.block_drafting import BlockDrafter, DraftBlock, DraftContext
 from deepspec_train.evaluation.speculative_decoder import verify_drafts
 from deepspec_train.target.hidden_states import TargetTap
-from tests.evaluator_fixtures import load_tiny_target, random_drafter
+from tests.helpers.chat_model_drafters import load_tiny_target, random_drafter
 
 NUM_SAMPLES = 20_000
 # Drafted tokens per round. Only the first two generated tokens are tested, and later drafts cannot change them,

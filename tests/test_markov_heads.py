@@ -18,11 +18,11 @@ from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
-from tests.drafter_fixtures import (
-    BLOCK, HIDDEN, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, anchor_batch, drafter_config, random_item, tiny_drafter,
-    use_dynamic_rope,
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY, VOCAB
+from tests.helpers.tiny_drafter import (
+    LAYER_IDS, anchor_batch, drafter_config, random_item, tiny_drafter, use_dynamic_rope,
 )
-from tests.loss_reference import reference_loss
+from tests.helpers.reference_loss import reference_loss
 
 RANK = 8
 

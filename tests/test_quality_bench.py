@@ -17,14 +17,14 @@ from deepspec_train.calibration.heldout import conditional_auroc_bound, held_out
 from deepspec_train.calibration.temperature_scaling import sequential_temperature_scaling
 from deepspec_train.validation import load_recipe
 from deepspec_train.evaluation.paired_bootstrap import bootstrap_mean, bootstrap_tau_ratios, prompt_totals
-from bench.quality_harness import (
+from deepspec_train.evaluation.drafter_comparison import (
     BenchDrafter, DecodeSettings, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,
 )
 from deepspec_train.evaluation.suites import Suite, SuitePrompt
 from deepspec_train.formats.eval_traces import TraceRound, parse_round
 from deepspec_train.metrics.calibration import auroc, ece
-from tests.evaluator_fixtures import load_tiny_target, random_drafter
-from tests.test_recipe_rules import world_overrides
+from tests.helpers.chat_model_drafters import load_tiny_target, random_drafter
+from tests.helpers.tiny_world_overrides import world_overrides
 
 
 def _exhaustive(a, b) -> np.ndarray:

@@ -31,7 +31,9 @@ from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.target.head_weights import load_head_weights
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.packing.packer import pack_sequences
-from tests.drafter_fixtures import BLOCK, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, drafter_config, random_item
+from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item
+from tests.helpers.tiny_geometry import BLOCK, MASK_ID, TINY_GEOMETRY, VOCAB
+from tests.helpers.tiny_world_overrides import training_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFT = 40
@@ -139,15 +141,13 @@ def test_a_checkpoint_without_its_maps_is_refused() -> None:
 def test_reduced_vocab_dspark_trains_colocated_and_streamed_and_reloads(tiny_world: Path, tmp_path: Path) -> None:
     """Colocated and streamed (1 target + 1 drafter) runs of the same recipe give the same losses and weights;
     the target worker counts the tokens that choose the draft vocabulary for the drafter worker."""
-    from tests.test_train_tinyworld import overrides
-
     draft = 128
     runs = {}
     for mode, launch in {"colocated": [sys.executable], "streamed": [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
     ]}.items():
         out = tmp_path / mode
-        args = ["recipe=tiny-dspark-v1k", f"drafter.draft_vocab_size={draft}", *overrides(tiny_world, "tiny-dspark", out, 3),
+        args = ["recipe=tiny-dspark-v1k", f"drafter.draft_vocab_size={draft}", *training_overrides(tiny_world, "tiny-dspark", out, 3),
                 "logging.wandb=false"]
         if mode == "streamed":
             args.append("topology.target_workers=1")

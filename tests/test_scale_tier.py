@@ -1,21 +1,22 @@
 """Scale-model tier: every production recipe trains, exports, reloads and passes the serving engines' rules on a
 random-weight copy of its target that keeps the target's whole architecture except its widths.
 
-For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, in ``tests/scale_world.py``):
+For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, in
+``tests/helpers/scale_world.py``):
 
 - the target is the scale copy of ``deepspec_train.models.scale_targets`` (``Qwen3ForCausalLM``, 36 / 36 / 40
   decoder layers, vocabulary 151,936, Qwen3's special ids, 32/8, 32/8, 40/8 query/KV heads, head_dim * heads /
   hidden 1.6 / 1.0 / 1.0, tied embeddings for 4B, the published RoPE; head_dim 4, so hidden 80 / 128 / 160),
   saved with ``save_pretrained`` and loaded with ``from_pretrained``, with a tokenizer laid out like Qwen3's
-  (``tests/qwen3_tokenizer.py``) loaded through ``AutoTokenizer``; the conversations go through the real data path
-  (chat template with thinking off, loss mask, token shards);
+  (``tests/helpers/qwen3_tokenizer.py``) loaded through ``AutoTokenizer``; the conversations go through the real
+  data path (chat template with thinking off, loss mask, token shards);
 - the recipe changes only in paths, sizes and step count (checked key by key against the recipe file), so its
   taps, block size 7, 512 anchors per sequence, Markov rank 256, mask id 151669, draft vocabulary 32,000, loss
   weights, target dtype bf16 and learning-rate schedule are the production ones;
 - it trains 2 steps colocated (in this process) and 2 steps streamed: 1 target worker + 1 drafter worker, two real
   processes over gloo going through ``train.py``'s entry; all nine streamed runs share one launch of the two
-  processes (``tests/scale_streamed_ranks.py``) to pay the interpreter start-up once, and run while the colocated
-  runs do. Per-step losses and the final weights of both modes are equal;
+  processes (``tests/helpers/scale_streamed_ranks.py``) to pay the interpreter start-up once, and run while the
+  colocated runs do. Per-step losses and the final weights of both modes are equal;
 - ``deepspec export`` writes its default layout, the loader reloads it, and the reloaded module's slot logits (and
   DSpark confidences) on a validation batch of real target features equal the trained module's (at the export's
   bf16 weights);
@@ -60,18 +61,18 @@ from deepspec_train.kinds.layout_registry import layout_of_config
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter
-from deepspec_train.jobs.assembly import load_token_datasets, validation_share
+from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, SCALE_TARGETS, scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
-from tests.drafter_fixtures import drafter_outputs
-from tests.qwen3_tokenizer import QWEN3_TOKEN_IDS
-from tests.scale_world import (
+from tests.helpers.tiny_drafter import drafter_outputs
+from tests.helpers.qwen3_tokenizer import QWEN3_TOKEN_IDS
+from tests.helpers.scale_world import (
     SCALE_TIER, TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, build_scale_world, scale_overrides,
 )
-from tests.streaming_helpers import free_port, read_logs, start_ranks, step_losses, wait_all
+from tests.helpers.streaming_world import free_port, read_logs, start_ranks, step_losses, wait_all
 
 # One intra-op thread here, as in the streamed ranks: the colocated and streamed runs then reduce in the same order
 # and their final weights are bit-identical, not only their losses.
@@ -139,7 +140,7 @@ def streamed_launch(scale_root: Path, scale_worlds: dict):
     runs_file = scale_root / "streamed_runs.json"
     runs_file.write_text(json.dumps(runs))
     log_dir = scale_root / "streamed_logs"
-    launch = StreamedLaunch(start_ranks(["-m", "tests.scale_streamed_ranks", str(runs_file)], 2, log_dir),
+    launch = StreamedLaunch(start_ranks(["-m", "tests.helpers.scale_streamed_ranks", str(runs_file)], 2, log_dir),
                             outputs, log_dir)
     yield launch
     launch.stop()
@@ -225,7 +226,7 @@ def _validation_batch(cfg):
     assert (len(datasets["train"]), len(datasets["validation"])) == (TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS)
     rows = datasets["validation"]
     tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
-    return validation_share(cfg, rows, tap, 0, 1, ctx.device).batches()[0]
+    return validation_pass(validation_plan(cfg, rows, 0, 1), chunk_builder(cfg, tap, ctx.device))()[0]
 
 
 @pytest.mark.parametrize("recipe", list(SCALE_TIER))

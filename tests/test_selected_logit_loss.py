@@ -10,7 +10,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from deepspec_train.losses import LossOutput, LossSettings, SupervisedRows, decay_weights, selected_logit_loss
-from tests.loss_reference import reference_loss
+from tests.helpers.reference_loss import reference_loss
 
 N, D, DT, R, V, VD = 11, 8, 6, 5, 50, 23
 DIFFERENTIABLE = ("draft_hidden", "draft_head_weight", "markov_rows", "markov_w2", "conf_logits")

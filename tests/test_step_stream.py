@@ -29,7 +29,8 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import StepBatches
 from deepspec_train.training.trainer import DrafterTrainer
-from tests.drafter_fixtures import BLOCK, HIDDEN, LAYER_IDS, MASK_ID, VOCAB, drafter_config, random_item, tiny_drafter
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
+from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item, tiny_drafter
 
 SINGLE = DistContext(0, 1, 0, torch.device("cpu"), None)
 

@@ -86,6 +86,10 @@ class DrafterConfig:
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     draft_vocab_size: Optional[int] = None
+    # A drafter directory to start from instead of random weights (a published DSpark / z-lab DFlash / EAGLE-3
+    # release, an export or a training output): its weights and heads are loaded, the optimizer starts fresh, and
+    # its shapes and vocabulary must fit this recipe's drafter and target (``models.init_from``).
+    init_from: Optional[str] = None
 
 
 @dataclass

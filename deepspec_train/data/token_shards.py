@@ -39,6 +39,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from deepspec_train.checksums import ALGORITHM, file_checksum
+from deepspec_train.disk_space import folder_bytes, whole_or_nothing
 from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation
 from deepspec_train.data.loss_mask import TemplateNotPrefixStableError, render_with_loss_mask
 
@@ -187,15 +188,17 @@ def _build_entry(
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
     try:
-        records = (item for source in sources for item in iter_records(source, split))
-        if num_workers > 0:
-            # Spawned rather than forked: the parent may already run tokenizer or torch threads.
-            with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-                results = pool.imap(renderer, records, chunksize=WORKER_CHUNK_ROWS)
-                summary = _write_shards(staging, results, strict, progress)
-        else:
-            summary = _write_shards(staging, map(renderer, records), strict, progress)
-        (staging / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
+        # A full disk: the staging folder goes, and the run ends in one line naming the entry (``disk_space``).
+        with whole_or_nothing(entry, lambda: folder_bytes(staging), lambda: shutil.rmtree(staging, ignore_errors=True)):
+            records = (item for source in sources for item in iter_records(source, split))
+            if num_workers > 0:
+                # Spawned rather than forked: the parent may already run tokenizer or torch threads.
+                with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+                    results = pool.imap(renderer, records, chunksize=WORKER_CHUNK_ROWS)
+                    summary = _write_shards(staging, results, strict, progress)
+            else:
+                summary = _write_shards(staging, map(renderer, records), strict, progress)
+            (staging / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
         try:
             os.rename(staging, entry)
         except OSError:

@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
 from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
@@ -63,6 +64,7 @@ def sts_file_for(calibration: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    ensure_output_dir(args.out, "--out")
     temperatures, sts = None, None
     try:
         if args.calibration:

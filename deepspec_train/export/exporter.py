@@ -36,6 +36,7 @@ import yaml
 from safetensors.torch import save_file
 
 from deepspec_train.config.schema import AnchorConfig
+from deepspec_train.disk_space import tensor_bytes, whole_or_nothing
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts, write_strict_json
 from deepspec_train.export.engine_rules import check_engines
 from deepspec_train.export.export_readme import README_FILE, export_readme
@@ -213,7 +214,11 @@ def export_drafter(
                              target_path, str(out))
     sts = _checked_sts(sts_file, plan) if sts_file is not None else None
     out.mkdir(parents=True, exist_ok=True)
-    save_file(plan.tensors, str(out / EXPORT_WEIGHTS), metadata={"format": "pt"})
+    # Under a temporary name first: a disk that fills mid-write leaves no weights file a loader takes for whole.
+    weights, partial = out / EXPORT_WEIGHTS, out / f".{EXPORT_WEIGHTS}.tmp"
+    with whole_or_nothing(weights, tensor_bytes(plan.tensors), lambda: partial.unlink(missing_ok=True)):
+        save_file(plan.tensors, str(partial), metadata={"format": "pt"})
+        os.replace(partial, weights)
     _write_json(out / EXPORT_CONFIG, plan.config)
     for name, text in spec.companion_files().items():
         (out / name).write_text(text)

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 from torch import nn
 
 from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.formats.published_drafters import check_fits_target, read_drafter_weights
 from deepspec_train.kinds.eagle3_layout import check_draft_vocab
 from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
 from deepspec_train.kinds.layout_checks import TensorSpec
@@ -44,6 +44,9 @@ from deepspec_train.models.draft_vocab import stored_draft_vocab
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.fingerprint import check_same_target
 from deepspec_train.target.head_weights import load_head_weights
+
+# A training output's tensors indexed by target token id (its trainable tensors and the vocabulary maps).
+TRAINED_VOCAB_TENSORS = ("markov_head.markov_w1.weight", "t2d")
 
 if TYPE_CHECKING:
     from deepspec_train.models.block_drafting import BlockDrafter
@@ -172,12 +175,16 @@ def _build(
     return _materialise(lambda: spec.build_from_state(drafter_cfg, geometry, layer_ids, state), state)
 
 
-def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+def _from_training_dir(root: Path, target_path: str | None, check_target: bool) -> LoadedDrafter:
     trained = read_trained_drafter(root)
     drafter_cfg, geometry, layer_ids = trained.drafter, trained.geometry, trained.target_layer_ids
     target_path = target_path or trained.target_path
-    if target_path:
+    if target_path and check_target:
         check_same_target(trained.target_fingerprint, target_path, f"the drafter in {root}")
+    elif target_path:
+        check_fits_target(TRAINED_VOCAB_TENSORS,
+                          {"hidden_size": geometry.hidden_size, "vocab_size": geometry.vocab_size},
+                          trained.weights, layer_ids, None, target_path, f"the drafter in {root}")
     state = dict(trained.weights)
     spec = kind_spec(trained.kind)
     embed, lm_head = _target_heads(target_path, _weights_dtype(state))
@@ -202,20 +209,25 @@ def _export_geometry(config: dict[str, Any], num_target_layers: int) -> DrafterG
     return geometry_from_target_config(SimpleNamespace(**{**config, "num_hidden_layers": num_target_layers}))
 
 
-def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+def _from_export_dir(root: Path, target_path: str | None, check_target: bool) -> LoadedDrafter:
     config = json.loads((root / EXPORT_CONFIG).read_text())
     fingerprint = config.get(FINGERPRINT_FIELD)
-    if target_path:
+    if target_path and check_target:
         check_same_target(fingerprint, target_path, f"the export in {root}")
     layout = serving_layout(layout_of_config(config))
-    weights = root / EXPORT_WEIGHTS
-    validate_layout(layout.name, config, read_tensor_specs(weights))
-    state = load_file(str(weights))
+    # Published drafters come sharded, pickled or (EAGLE-3) without taps: see formats.published_drafters.
+    state = read_drafter_weights(root)
+    config, state = layout.complete_published(config, state, target_path)
+    validate_layout(layout.name, config, state)
     dtype = _weights_dtype(state)
     reading = layout.read(config)
     kind = kind_of_export(layout.name, reading.drafter)
     drafter_cfg = dataclasses.replace(reading.drafter, kind=kind.name)
     geometry = _export_geometry(config, reading.num_target_layers)
+    if target_path and (fingerprint is None or not check_target):
+        # Nothing records the training target: check that the drafter's shapes and vocabulary fit this one.
+        check_fits_target(layout.target_vocab_tensors, config, state, list(reading.target_layer_ids),
+                          reading.mask_token_id, target_path, f"the drafter in {root}")
     if layout.from_target:
         heads = kind.frozen_head_state(*_target_heads(target_path, dtype), stored_draft_vocab(state))
         state.update({name: tensor for name, tensor in heads.items() if name in layout.from_target})
@@ -238,12 +250,14 @@ def load_exported_drafter(
     target_path: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    check_target: bool = True,
 ) -> LoadedDrafter:
-    """Load a drafter export or training output (see the module docstring) onto ``device``."""
+    """Load a drafter export or training output (see the module docstring) onto ``device``. ``check_target``
+    False (fine-tuning a drafter for another target) replaces the fingerprint check by ``check_fits_target``."""
     root = resolve_drafter_dir(path)
     if is_trained_drafter_dir(root):
-        loaded = _from_training_dir(root, target_path)
+        loaded = _from_training_dir(root, target_path, check_target)
     else:
-        loaded = _from_export_dir(root, target_path)
+        loaded = _from_export_dir(root, target_path, check_target)
     loaded.module.to(device=device, dtype=dtype)
     return loaded

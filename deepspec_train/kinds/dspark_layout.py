@@ -30,7 +30,7 @@ from deepspec_train.kinds.layout_checks import (
 )
 from deepspec_train.kinds.layout_spec import (
     ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, no_companion_files, no_readme_section,
-    stacked_depth,
+    published_as_is, stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
@@ -243,6 +243,8 @@ DSPARK_LAYOUT = ServingLayout(
     engines=block_layout_engines(
         NAME, BlockServing(_vllm_unserved, _vllm_serve), BlockServing(_sglang_unserved, _sglang_serve)
     ),
+    complete_published=published_as_is,
+    target_vocab_tensors=("embed_tokens.weight", "lm_head.weight", "markov_head.markov_w1.weight"),
     companion_files=no_companion_files,
     readme_section=no_readme_section,
 )

@@ -14,7 +14,9 @@ and GLM-4 MoE lite targets), so ours unchanged. Without ids both engines capture
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig
@@ -32,7 +34,9 @@ from deepspec_train.kinds.engine_reading import (
     speculative_config,
     vllm_capture_points,
 )
-from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec, config_geometry, decoder_layer_tensors
+from deepspec_train.kinds.layout_checks import (
+    ConfigCheck, PublishedDrafterError, TensorSpec, config_geometry, decoder_layer_tensors,
+)
 from deepspec_train.kinds.layout_spec import (
     ExportReading, LayoutError, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section,
 )
@@ -258,6 +262,35 @@ def _depth(module: "nn.Module") -> int:
     return 1
 
 
+# An embedding some publishers ship with an EAGLE-3 drafter; the engines use the target's.
+PUBLISHED_EMBEDDING = "embed_tokens.weight"
+
+
+def complete_published_eagle3(
+    config: dict[str, Any], state: dict[str, "torch.Tensor"], target_path: Optional[str]
+) -> tuple[dict[str, Any], dict[str, "torch.Tensor"]]:
+    """``complete_published`` of EAGLE-3: a config that names no tapped layers (the EAGLE repository's) gets the
+    engines' default taps from the target's depth, and a shipped embedding is dropped once its shape is checked
+    against the target's (the target's own is the one used)."""
+    config, state = dict(config), dict(state)
+    eagle = config.get("eagle_config") or {}
+    target = json.loads((Path(target_path) / "config.json").read_text()) if target_path else None
+    if "eagle_aux_hidden_state_layer_ids" not in config and "eagle_aux_hidden_state_layer_ids" not in eagle:
+        if target is None:
+            raise PublishedDrafterError("this EAGLE-3 config names no tapped target layers: pass the target so the "
+                                        "engines' default taps can be derived from its depth")
+        taps = [point - 1 for point in default_eagle3_points(int(target["num_hidden_layers"]))]
+        config["eagle_config"] = {**eagle, "eagle_aux_hidden_state_layer_ids": taps, "use_aux_hidden_state": True}
+    embedding = state.pop(PUBLISHED_EMBEDDING, None)
+    if embedding is not None and target is not None:
+        expected = (int(target["vocab_size"]), int(target["hidden_size"]))
+        if tuple(embedding.shape) != expected:
+            raise PublishedDrafterError(f"the EAGLE-3 drafter does not fit the target {target_path}: its "
+                                        f"{PUBLISHED_EMBEDDING} is {tuple(embedding.shape)}, the target's embedding "
+                                        f"(vocabulary x hidden) is {expected}")
+    return config, state
+
+
 EAGLE3_LAYOUT = ServingLayout(
     name=NAME,
     architecture="LlamaForCausalLMEagle3",
@@ -272,6 +305,8 @@ EAGLE3_LAYOUT = ServingLayout(
     taps=layer_ids_from_eagle3_config,
     read=_read,
     engines={"vllm": _vllm, "sglang": _sglang},
+    complete_published=complete_published_eagle3,
+    target_vocab_tensors=("t2d",),
     companion_files=no_companion_files,
     readme_section=no_readme_section,
 )

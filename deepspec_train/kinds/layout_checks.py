@@ -14,8 +14,14 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from deepspec_train.errors import UserError
+
 if TYPE_CHECKING:
     import torch
+
+
+class PublishedDrafterError(UserError, ValueError):
+    """A drafter directory that cannot be read, or that does not fit the target it is used with."""
 
 
 class TensorSpec(NamedTuple):

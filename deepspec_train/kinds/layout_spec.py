@@ -23,6 +23,7 @@ from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
 
 if TYPE_CHECKING:
+    import torch
     from torch import nn
 
     from deepspec_train.kinds.engine_reading import EngineReading, ServePaths, TargetFacts
@@ -87,6 +88,10 @@ class ServingLayout:
     - ``taps(config)``: the drafter's target layers (our convention) from a valid config's layer-id fields.
     - ``read(config)``: the drafter settings a valid config describes (see ``ExportReading``).
     - ``engines``: engine name -> its reader (what it captures, refuses and how it is served).
+    - ``complete_published(config, state, target_path)``: the config and tensors as the loader reads them, from a
+      drafter directory as its publishers ship it (e.g. an EAGLE-3 config without taps; ``formats.published_drafters``).
+    - ``target_vocab_tensors``: the stored tensors with one row per target token, checked against a target's
+      vocabulary when nothing records which target the drafter was trained for.
     - ``companion_files()``: file name -> text of files the exporter writes next to the weights.
     - ``readme_section(config)``: lines the export's README.md adds after the serving section.
     """
@@ -104,8 +109,17 @@ class ServingLayout:
     taps: Callable[[Mapping[str, Any]], list[int]]
     read: Callable[[Mapping[str, Any]], ExportReading]
     engines: Mapping[str, EngineReader]
+    complete_published: "Callable[[dict[str, Any], dict[str, torch.Tensor], Optional[str]], tuple[dict[str, Any], dict[str, torch.Tensor]]]"
+    target_vocab_tensors: tuple[str, ...]
     companion_files: Callable[[], dict[str, str]]
     readme_section: Callable[[Mapping[str, Any]], list[str]]
+
+
+def published_as_is(
+    config: dict[str, Any], state: dict[str, "torch.Tensor"], target_path: Optional[str]
+) -> tuple[dict[str, Any], dict[str, "torch.Tensor"]]:
+    """``complete_published`` of a layout whose publishers ship exactly what this project writes."""
+    return config, state
 
 
 def no_companion_files() -> dict[str, str]:

@@ -37,7 +37,8 @@ from deepspec_train.kinds.dspark_layout import (
 from deepspec_train.kinds.engine_reading import SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, speculative_config
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section, stacked_depth,
+    ExportReading, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section, published_as_is,
+    stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
@@ -160,6 +161,8 @@ SPECULATORS_DSPARK_LAYOUT = ServingLayout(
     engines=block_layout_engines(
         NAME, BlockServing(_vllm_unserved, _vllm_serve), BlockServing(_sglang_unserved, _no_sglang_serve)
     ),
+    complete_published=published_as_is,
+    target_vocab_tensors=("embed_tokens.weight", "markov_head.markov_w1.weight", "t2d"),
     companion_files=no_companion_files,
     readme_section=no_readme_section,
 )

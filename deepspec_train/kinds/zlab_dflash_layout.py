@@ -22,7 +22,7 @@ from deepspec_train.kinds.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, stacked_depth,
+    ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, published_as_is, stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
@@ -152,6 +152,8 @@ ZLAB_DFLASH_LAYOUT = ServingLayout(
     taps=_taps,
     read=_read,
     engines=block_layout_engines(NAME, BlockServing(_served, _vllm_serve), BlockServing(_served, _sglang_serve)),
+    complete_published=published_as_is,
+    target_vocab_tensors=(),
     companion_files=_companion_files,
     readme_section=_readme_section,
 )

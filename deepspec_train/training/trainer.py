@@ -4,7 +4,9 @@ periodic validation and checkpoints, per-position metrics.
 The trainer only sees a feature source (``training.feature_source.FeatureSource``: per step, the counts of its
 ``PackedBatch`` micro-batches, then the micro-batches one at a time), a drafter module and the run's loss
 (``training.batch_loss.DrafterLoss``, which holds the frozen target LM-head weight); it does not know whether
-features were computed in-process or streamed. Each micro-batch's loss is divided, before its backward, by the step's supervised slots over all drafter ranks (``loss.normalizer=token``)
+features were computed in-process or streamed, and logs whatever the source reports of itself
+(``FeatureSource.pop_metrics``) beside its own metrics. Each micro-batch's loss is divided, before its backward,
+by the step's supervised slots over all drafter ranks (``loss.normalizer=token``)
 or row by row by its sequence's weight over the step (``sequence``; ``training.loss_normalizers``), so the
 step's gradient is the same however the step's micro-batches are split over ranks or messages. How gradients meet is the engine's business (``training.local_engine``: one
 flat all-reduce and torch clipping for ``train.distributed=ddp``; ``training.deepspeed_engine``: ZeRO-2 over the
@@ -31,9 +33,10 @@ from deepspec_train.training.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.training import preemption
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, save_checkpoint
-from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from deepspec_train.training.distributed import DistContext, all_reduce_sum
 from deepspec_train.training.feature_source import FeatureSource, StepBatches
 from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
 from deepspec_train.training.loss_normalizers import step_normalizers
@@ -202,7 +205,7 @@ class DrafterTrainer:
                     "train/grad_norm": grad_norm,
                     "train/samples_per_s": window_samples / elapsed,
                     "train/supervised_tokens_per_s": window_tokens / elapsed,
-                } | self._stream_metrics(window_tokens)
+                } | self.train_source.pop_metrics()
                 self.sink.log(metrics, self.step)
                 stats.reset()
                 window_start, window_samples, window_tokens = time.time(), 0, 0.0
@@ -212,34 +215,24 @@ class DrafterTrainer:
                 if self.ctx.is_main:
                     tqdm.write(_format_val(self.step, val_metrics))
             stopping = cfg.train.stop_at_step is not None and self.step >= cfg.train.stop_at_step
-            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping:
-                save_checkpoint(
+            # A preemption signal on any rank: every rank stops after this same step (``training.preemption``).
+            preempted = self.step < self.total_steps and not stopping and preemption.agreed_to_stop(self.ctx)
+            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping or preempted:
+                checkpoint = save_checkpoint(
                     self.ctx, cfg.run.output_dir, self.step, self.engine.train_state(), self.scheduler,
                     self.train_source.state_dict(), cfg.train.keep_last,
                 )
+            if preempted:
+                progress.close()
+                if self.ctx.is_main:
+                    preemption.announce(self.step, checkpoint, log.warning)
+                raise preemption.Preempted(self.step, checkpoint)
             if stopping:
                 break
         progress.close()
         self.engine.finish()
         final = self.loss_history[-1] if self.loss_history else math.nan
         return TrainSummary(self.step, final, val_metrics, time.time() - start)
-
-    def _stream_metrics(self, supervised_tokens: float) -> dict[str, float]:
-        """Streamed sources only: the share of drafter time spent waiting on the stream (mean over drafter
-        ranks), the bytes received per supervised token (all drafter ranks together) and, per target group, the
-        peak bytes its send queue has held so far."""
-        window = self.train_source.pop_stream_metrics()
-        if window is None:
-            return {}
-        ranks = self.ctx.world_size
-        wait_frac = window.wait_seconds / max(window.wall_seconds, 1e-9)
-        peaks = all_reduce_max(window.peak_bytes_in_flight, self.ctx)
-        return {
-            "stream/target_wait_frac": all_reduce_sum(wait_frac, self.ctx) / ranks,
-            "stream/wire_bytes_per_supervised_token":
-                all_reduce_sum(window.bytes_received, self.ctx) / max(supervised_tokens, 1.0),
-            "stream/peak_bytes_in_flight": max(peaks),
-        } | {f"stream/peak_bytes_in_flight_group{g}": peak for g, peak in enumerate(peaks)}
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:

@@ -1,5 +1,6 @@
-"""The pieces of the drafter quality benchmark (``bench/quality.py``): interleaved exact decoding of the same
-prompts by several drafters, per-prompt totals, the paired tau ratios and the draft-cost columns.
+"""Comparing drafters on the same prompts, shared by ``deepspec eval`` with several drafters (``comparison_eval``)
+and the quality benchmark (``bench/quality.py``): interleaved exact decoding of the same prompts by several
+drafters, per-prompt totals, the paired tau ratios and the draft-cost columns.
 
 Decoding is interleaved: for each prompt every drafter decodes it in turn, so machine load (the benchmark
 machine is shared) falls on all drafters alike and their measured draft times stay comparable. Each
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -120,12 +121,15 @@ def decode_interleaved(
     return rows
 
 
-def totals_by_category(rows: dict[str, list[TraceRound]]) -> dict[str, dict[str, PromptTotals]]:
-    """``{category: {drafter: per-prompt totals}}``, seeds pooled per prompt, prompts aligned across drafters."""
+def totals_by_category(
+    rows: dict[str, list[TraceRound]], group_of: Callable[[TraceRound], str] = lambda r: r.category
+) -> dict[str, dict[str, PromptTotals]]:
+    """``{category: {drafter: per-prompt totals}}``, seeds pooled per prompt, prompts aligned across drafters;
+    ``group_of`` picks the grouping (``lambda r: r.suite`` groups by suite)."""
     sums: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name, drafter_rows in rows.items():
         for r in drafter_rows:
-            per_prompt = sums.setdefault(r.category, {}).setdefault(name, {})
+            per_prompt = sums.setdefault(group_of(r), {}).setdefault(name, {})
             entry = per_prompt.setdefault(f"{r.suite}/{r.prompt_id}", [0.0, 0.0])
             entry[0] += r.emitted
             entry[1] += 1

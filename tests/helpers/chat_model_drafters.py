@@ -1,4 +1,5 @@
-"""Test helpers for the evaluator tests: the tiny random target loaded like a real one, and random drafters for it.
+"""Test helpers for the decoding tests (evaluator, losslessness, drafting cache, quality bench): the tiny random
+target loaded like a real one, and random drafters for it.
 
 ``random_drafter(target, kind)`` builds a DSpark, DFlash or EAGLE-3 drafter for the tiny target with random
 weights (Markov ``W2`` and the confidence bias too, so those heads are not trivially zero) and the target's
@@ -19,7 +20,7 @@ from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 BLOCK = 4
 LAYER_IDS = {"dspark": [0], "dflash": [0], "eagle3": [0, 0, 0]}
