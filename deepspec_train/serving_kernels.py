@@ -196,8 +196,10 @@ def parallel_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, sha
     keys / values of them in one product, the ``N`` layers over the block, the LM head over the drafted slots, for
     a Markov head its slot-state projection (gated / RNN) and ``K`` sequential steps (the latent of the token
     sampled before, its bias ``W2 u`` added to the slot's logits, sampling) over the whole vocabulary or over
-    vLLM's top-k candidates, and the confidence head."""
+    vLLM's top-k candidates, and the confidence head. Over a reduced draft vocabulary the LM head, ``W2`` and the
+    sampling cover the draft tokens only; the embedding and ``W1`` read target ids."""
     d, vocab, rank, b = geometry.hidden_size, geometry.vocab_size, cfg.markov_rank, shape.batch
+    draft_vocab = min(cfg.draft_vocab_size or vocab, vocab)
     block = cfg.block_size
     # z-lab labels: slot 0 holds the anchor and drafts nothing.
     drafts = block if cfg.labels == "dspark" else block - 1
@@ -230,13 +232,13 @@ def parallel_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, sha
     slots = b * drafts
     head = _Group("LM head over the block")
     head.norm("norm.weight", b * block, d)
-    head.matmul("lm_head.weight", slots, d, vocab, out_bytes=LOGIT_BYTES)
+    head.matmul("lm_head.weight", slots, d, draft_vocab, out_bytes=LOGIT_BYTES)
     groups.append(head.done())
     if rank > 0:
         groups += _markov_groups(cfg, geometry, shape, drafts)
     else:
         sample = _Group("sampling")
-        sample.sample(slots, vocab)
+        sample.sample(slots, draft_vocab)
         groups.append(sample.done())
     if cfg.confidence_head:
         conf = _Group("confidence head")
@@ -251,6 +253,7 @@ def _markov_groups(cfg: DrafterConfig, geometry: DrafterGeometry, shape: RoundSh
     """The Markov head's groups (see ``parallel_round``); ``MarkovHead`` in ``models.parallel_drafter`` has the
     formulas. The slot-state part of a gated / RNN projection does not depend on the samples: one product first."""
     d, vocab, r, b = geometry.hidden_size, geometry.vocab_size, cfg.markov_rank, shape.batch
+    draft_vocab = min(cfg.draft_vocab_size or vocab, vocab)
     head_type, slots = cfg.markov_head_type, b * drafts
     # The gate / joint projection's weight [out, 2r + d] (RNN: [s ; e ; h]) or [out, d + r] (gated: [h ; e]).
     projection = {"gated": ("gate_proj", r, r), "rnn": ("joint_proj", 3 * r, 2 * r)}.get(head_type)
@@ -266,8 +269,8 @@ def _markov_groups(cfg: DrafterConfig, geometry: DrafterGeometry, shape: RoundSh
         # vLLM: the top-k of every slot's base logits once, the logits row then filled with -inf, and each step
         # scatters its k corrected candidates into it before the usual dense sampler reads the row.
         select = _Group("top-k candidates")
-        select.sample(slots, vocab)
-        select.activations += slots * (topk * (LOGIT_BYTES + INDEX_BYTES) + LOGIT_BYTES * vocab)
+        select.sample(slots, draft_vocab)
+        select.activations += slots * (topk * (LOGIT_BYTES + INDEX_BYTES) + LOGIT_BYTES * draft_vocab)
         groups.append(select.done())
     for _ in range(drafts):
         step = _Group("Markov step")
@@ -277,14 +280,14 @@ def _markov_groups(cfg: DrafterConfig, geometry: DrafterGeometry, shape: RoundSh
             step.matmul(f"markov_head.{name}.weight", b, token_part, out, numel=out * (d + token_part))
         if topk is None:
             # The bias accumulated into the slot's logits: read and written back, then sampled.
-            step.matmul("markov_head.markov_w2.weight", b, r, vocab, out_bytes=2 * LOGIT_BYTES)
+            step.matmul("markov_head.markov_w2.weight", b, r, draft_vocab, out_bytes=2 * LOGIT_BYTES)
         else:
             # Each request gathers its k candidate rows of W2 and scatters their k corrected logits (values and
             # indices read, logits written).
-            step.weights.append(Weight("markov_head.markov_w2.weight", vocab * r, b * topk * r))
+            step.weights.append(Weight("markov_head.markov_w2.weight", draft_vocab * r, b * topk * r))
             step.activations += b * topk * (INDEX_BYTES + 2 * LOGIT_BYTES)
             step.flops += 2 * b * topk * r
-        step.sample(b, vocab)
+        step.sample(b, draft_vocab)
         groups.append(step.done())
     return groups
 

@@ -26,7 +26,9 @@ DRAFTER_CLASSES = {"ParallelDrafter", "Eagle3Drafter"}
 KIND_PLACES = {"config/schema.py", "kinds/parallel.py", "kinds/eagle3.py"}
 # Layout names and the architectures that identify them; only the layout records may test for one.
 LAYOUT_NAMES = set(LAYOUTS) | {spec.architecture for spec in LAYOUTS.values()}
-LAYOUT_PLACES = {"kinds/dspark_layout.py", "kinds/zlab_dflash_layout.py", "kinds/eagle3_layout.py"}
+LAYOUT_PLACES = {
+    "kinds/dspark_layout.py", "kinds/speculators_dspark_layout.py", "kinds/zlab_dflash_layout.py", "kinds/eagle3_layout.py",
+}
 
 
 def _modules() -> dict[str, Path]:

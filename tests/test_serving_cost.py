@@ -23,7 +23,7 @@ from deepspec_train.serving_kernels import ACTIVATION_BYTES, LOGIT_BYTES, WEIGHT
 
 PRODUCTION = [
     ("qwen3-8b", []), ("qwen3-8b", ["drafter.markov_head_type=rnn"]), ("qwen3-8b", ["drafter.markov_head_type=gated"]),
-    ("qwen3-8b-dflash", []), ("qwen3-8b-eagle3", []),
+    ("qwen3-8b", ["drafter.draft_vocab_size=32000"]), ("qwen3-8b-dflash", []), ("qwen3-8b-eagle3", []),
 ]
 
 
@@ -81,6 +81,9 @@ DRAFTERS = [
     DrafterConfig(num_layers=2, block_size=5, markov_rank=6, markov_head_type=head, mask_token_id=3)
     for head in ("vanilla", "gated", "rnn")
 ] + [
+    DrafterConfig(num_layers=2, block_size=5, markov_rank=6, markov_head_type=head, mask_token_id=3, draft_vocab_size=40)
+    for head in ("vanilla", "rnn")
+] + [
     DrafterConfig(kind="dflash", num_layers=3, block_size=5, markov_rank=0, confidence_head=False, mask_token_id=3),
     DrafterConfig(kind="dflash", num_layers=1, block_size=5, markov_rank=0, confidence_head=False, mask_token_id=3,
                   labels="zlab"),
@@ -96,7 +99,9 @@ def _counted_flops(fn) -> int:
     return counter.get_total_flops()
 
 
-@pytest.mark.parametrize("cfg", DRAFTERS, ids=lambda c: f"{c.kind}-{c.markov_head_type}-{c.labels}-{c.ttt_steps}")
+@pytest.mark.parametrize(
+    "cfg", DRAFTERS, ids=lambda c: f"{c.kind}-{c.markov_head_type}-{c.labels}-{c.ttt_steps}-{c.draft_vocab_size}"
+)
 def test_round_flops_equal_a_brute_force_count_of_the_real_decode_step(cfg) -> None:
     """The evaluator's draft call on a context that gained ``new`` rows since the last round (so only those are
     projected), counted by torch: equal to the model's FLOPs for that round at batch 1, and linear in the batch."""

@@ -69,8 +69,8 @@ class ExportPlan:
 
 
 def default_layout(loaded: LoadedDrafter) -> str:
-    """The layout a drafter exports to when none is asked for."""
-    layouts = kind_spec(loaded.kind).layouts(loaded.labels)
+    """The layout a drafter exports to when none is asked for: the first of its kind's layouts that holds it."""
+    layouts = [name for name in kind_spec(loaded.kind).layouts(loaded.labels) if serving_layout(name).holds(loaded.module)]
     if not layouts:
         raise LayoutError("none", [f"a {loaded.kind} drafter trained with {loaded.labels} labels has no serving layout"])
     return layouts[0]
@@ -78,8 +78,9 @@ def default_layout(loaded: LoadedDrafter) -> str:
 
 def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
     """Refuse a drafter / layout combination whose serving semantics would differ from training: weights trained
-    with one label convention compute something else under the other."""
-    serving_layout(layout)
+    with one label convention compute something else under the other, and a layout without a draft vocabulary
+    cannot hold a drafter that has one."""
+    spec = serving_layout(layout)
     allowed = kind_spec(loaded.kind).layouts(loaded.labels)
     if layout not in allowed:
         problem = (
@@ -88,6 +89,12 @@ def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
             f"drafters, zlab-dflash a DFlash trained with drafter.labels=zlab, eagle3 an EAGLE-3)"
         )
         raise LayoutError(layout, [problem])
+    if not spec.holds(loaded.module):
+        fitting = [name for name in allowed if serving_layout(name).holds(loaded.module)]
+        raise LayoutError(layout, [
+            f"the {layout} layout cannot hold this {loaded.kind} drafter (a reduced draft vocabulary needs a layout "
+            f"with one); export it as {' / '.join(fitting) or 'nothing'}"
+        ])
 
 
 def check_same_geometry(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
@@ -136,8 +143,9 @@ def plan_export(
         torch_dtype=dtype_name,
     )
     temperatures = None if confidence_temperatures is None else list(confidence_temperatures)
+    fingerprint = loaded.target_fingerprint or {}
     written = WrittenDrafter(module, loaded.block_size, loaded.mask_token_id, list(loaded.target_layer_ids),
-                             num_anchors, temperatures)
+                             num_anchors, temperatures, dict(target_config), str(fingerprint.get("path") or ""))
     config.update(spec.fields(written))
     if loaded.target_fingerprint is not None:
         config[FINGERPRINT_FIELD] = dict(loaded.target_fingerprint)

@@ -40,6 +40,7 @@ from deepspec_train.kinds.layout_registry import layout_of_config, serving_layou
 from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
+from deepspec_train.models.draft_vocab import stored_draft_vocab
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.fingerprint import check_same_target
 from deepspec_train.target.head_weights import load_head_weights
@@ -187,7 +188,7 @@ def _from_training_dir(root: Path, target_path: str | None, check_target: bool) 
     state = dict(trained.weights)
     spec = kind_spec(trained.kind)
     embed, lm_head = _target_heads(target_path, _weights_dtype(state))
-    state.update(spec.frozen_head_state(embed, lm_head))
+    state.update(spec.frozen_head_state(embed, lm_head, stored_draft_vocab(state)))
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
         module=module,
@@ -228,7 +229,7 @@ def _from_export_dir(root: Path, target_path: str | None, check_target: bool) ->
         check_fits_target(layout.target_vocab_tensors, config, state, list(reading.target_layer_ids),
                           reading.mask_token_id, target_path, f"the drafter in {root}")
     if layout.from_target:
-        heads = kind.frozen_head_state(*_target_heads(target_path, dtype))
+        heads = kind.frozen_head_state(*_target_heads(target_path, dtype), stored_draft_vocab(state))
         state.update({name: tensor for name, tensor in heads.items() if name in layout.from_target})
     module = _build(drafter_cfg, geometry, reading.target_layer_ids, state)
     return LoadedDrafter(

@@ -132,7 +132,7 @@ def run_target_role(
             validation = validation_plan(cfg, datasets["validation"], route.drafter, drafters)
         feeds.append(DrafterFeed(route, train_plan(cfg, train_rows, route.drafter, drafters), validation))
     counts = None
-    if sends and kind_spec(cfg.drafter.kind).needs_token_counts:
+    if sends and kind_spec(cfg.drafter.kind).needs_token_counts(cfg.drafter):
         # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
         counts = count_supervised_tokens(train_rows, target.config.vocab_size)
     total_steps = total_steps_for(cfg, len(train_rows))

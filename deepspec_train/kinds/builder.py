@@ -35,7 +35,7 @@ def build_drafter(cfg: RecipeConfig, target: nn.Module, train_rows: Iterable[Map
     """Drafter for ``target`` (a loaded HF causal LM), with the target's embedding / LM head copied in."""
     spec = kind_spec(cfg.drafter.kind)
     geometry = geometry_from_target_config(target.config, cfg.drafter.intermediate_size)
-    counts = count_supervised_tokens(train_rows, geometry.vocab_size) if spec.needs_token_counts else None
+    counts = count_supervised_tokens(train_rows, geometry.vocab_size) if spec.needs_token_counts(cfg.drafter) else None
     drafter = build_drafter_for_geometry(cfg, geometry, counts)
     embed = target.get_input_embeddings().weight.detach().float()
     spec.load_frozen_heads(drafter, embed, target.get_output_embeddings().weight.detach().float())

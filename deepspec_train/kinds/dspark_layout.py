@@ -29,8 +29,8 @@ from deepspec_train.kinds.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, ServingLayout, WrittenDrafter, no_companion_files, no_readme_section, published_as_is,
-    stacked_depth,
+    ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, no_companion_files, no_readme_section,
+    published_as_is, stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
@@ -42,7 +42,8 @@ SGLANG_MARKOV_HEAD_TYPES = MARKOV_HEAD_TYPES
 VLLM_MARKOV_HEAD_TYPES = (VANILLA_MARKOV_HEAD,)
 
 
-def _fields(drafter: WrittenDrafter) -> dict[str, Any]:
+def dspark_fields(drafter: WrittenDrafter) -> dict[str, Any]:
+    """``fields`` of the DSpark layout (DeepSpec's config fields)."""
     module = drafter.module
     confidence = module.confidence_head is not None
     fields = {
@@ -97,7 +98,8 @@ def _markov_tensors(head_type: Any, rank: int, d: int, vocab: int) -> dict[str, 
     return tensors
 
 
-def _check(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
+def check_dspark_config(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
+    """``check`` of the DSpark layout: its required fields and the tensors they imply (over the full vocabulary)."""
     g = config_geometry(check)
     num_layers = check.integer("num_hidden_layers", 1)
     num_target = check.integer("num_target_layers", 1)
@@ -139,7 +141,8 @@ def _taps(config: Mapping[str, Any]) -> list[int]:
     return list(config["target_layer_ids"])
 
 
-def _read(config: Mapping[str, Any]) -> ExportReading:
+def read_dspark_config(config: Mapping[str, Any]) -> ExportReading:
+    """``read`` of the DSpark layout."""
     rank, confidence = config["markov_rank"], config["enable_confidence_head"]
     if confidence and config["confidence_head_with_markov"] != (rank > 0):
         raise ValueError("only confidence heads that read the Markov rows exactly when markov_rank > 0 load")
@@ -227,15 +230,16 @@ def _unwritten(module: "nn.Module") -> frozenset[str]:
 DSPARK_LAYOUT = ServingLayout(
     name=NAME,
     architecture="Qwen3DSparkModel",
+    holds=holds_full_vocabulary,
     from_target=(),
     copies_target_heads=True,
     carries_temperatures=True,
     unwritten=_unwritten,
     depth=stacked_depth,
-    fields=_fields,
-    check=_check,
+    fields=dspark_fields,
+    check=check_dspark_config,
     taps=_taps,
-    read=_read,
+    read=read_dspark_config,
     engines=block_layout_engines(
         NAME, BlockServing(_vllm_unserved, _vllm_serve), BlockServing(_sglang_unserved, _sglang_serve)
     ),

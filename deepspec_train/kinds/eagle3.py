@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from deepspec_train.models.block_drafting import BlockDrafter
+    from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
 NAME = "eagle3"
@@ -95,7 +96,7 @@ def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
     state["d2t"], state["t2d"] = full.d2t, full.t2d
 
 
-def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor, draft_vocab: Optional[DraftVocab]) -> dict[str, torch.Tensor]:
     return {"embed_tokens.weight": embed}
 
 
@@ -146,7 +147,7 @@ def _holds_export(drafter: DrafterConfig) -> bool:
 EAGLE3 = DrafterKind(
     name=NAME,
     summary="one autoregressive layer on fused target features, trained with training-time test",
-    needs_token_counts=True,
+    needs_token_counts=lambda drafter_cfg: True,
     uses_mask_token=False,
     recipe_problems=_problems,
     build=_build,

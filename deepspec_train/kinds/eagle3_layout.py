@@ -38,7 +38,7 @@ from deepspec_train.kinds.layout_checks import (
     ConfigCheck, PublishedDrafterError, TensorSpec, config_geometry, decoder_layer_tensors,
 )
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, LayoutError, ServingLayout, WrittenDrafter, no_companion_files, no_readme_section,
+    ExportReading, LayoutError, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section,
 )
 
 if TYPE_CHECKING:
@@ -294,6 +294,7 @@ def complete_published_eagle3(
 EAGLE3_LAYOUT = ServingLayout(
     name=NAME,
     architecture="LlamaForCausalLMEagle3",
+    holds=holds_any,
     from_target=_FROM_TARGET,
     copies_target_heads=False,
     carries_temperatures=False,

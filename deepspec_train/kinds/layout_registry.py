@@ -22,9 +22,12 @@ from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
 from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
 from deepspec_train.kinds.layout_spec import LayoutError, ServingLayout
+from deepspec_train.kinds.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
 from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
 
-LAYOUTS: dict[str, ServingLayout] = {spec.name: spec for spec in (DSPARK_LAYOUT, ZLAB_DFLASH_LAYOUT, EAGLE3_LAYOUT)}
+LAYOUTS: dict[str, ServingLayout] = {
+    spec.name: spec for spec in (DSPARK_LAYOUT, SPECULATORS_DSPARK_LAYOUT, ZLAB_DFLASH_LAYOUT, EAGLE3_LAYOUT)
+}
 FLOAT = "floating point"
 
 

@@ -47,6 +47,9 @@ class WrittenDrafter(NamedTuple):
     target_layer_ids: list[int]
     num_anchors: int
     confidence_temperatures: Optional[list[float]]
+    # The target's own config.json, and where the target was when the drafter was trained ("" when unknown).
+    target_config: Mapping[str, Any]
+    target_path: str
 
 
 class ExportReading(NamedTuple):
@@ -69,6 +72,8 @@ class ServingLayout:
     """One serving layout; see the module docstring. All callables are pure functions of their arguments.
 
     - ``name``: the layout's name (``deepspec export --layout``); ``architecture``: its config's ``architectures``.
+    - ``holds(module)``: whether the layout can hold this drafter module at all (the DeepSpec DSpark layout, for
+      example, has no draft vocabulary); a kind exports by default to the first of its layouts that holds it.
     - ``from_target``: drafter tensors the layout does not store because the engine uses the target's own (the
       loader fills them from the target); ``copies_target_heads``: the layout stores copies of the target's
       embedding / LM head, which the exporter refreshes from the target checkpoint so that they equal it.
@@ -93,6 +98,7 @@ class ServingLayout:
 
     name: str
     architecture: str
+    holds: "Callable[[nn.Module], bool]"
     from_target: tuple[str, ...]
     copies_target_heads: bool
     carries_temperatures: bool
@@ -124,6 +130,16 @@ def no_companion_files() -> dict[str, str]:
 def no_readme_section(config: Mapping[str, Any]) -> list[str]:
     """``readme_section`` of a layout whose README says nothing beyond the serving lines."""
     return []
+
+
+def holds_any(module: "nn.Module") -> bool:
+    """``holds`` of a layout that holds every drafter of the kinds that export to it."""
+    return True
+
+
+def holds_full_vocabulary(module: "nn.Module") -> bool:
+    """``holds`` of a block-drafter layout that has no draft vocabulary (the drafter drafts over the target's)."""
+    return module.draft_vocab is None
 
 
 def stacked_depth(module: "nn.Module") -> int:

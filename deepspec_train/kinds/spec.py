@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from deepspec_train.models.block_drafting import BlockDrafter
+    from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
     from deepspec_train.serving_kernels import RoundShape, ServingRound
 
@@ -53,7 +54,10 @@ class DrafterKind:
       (called on the meta device), e.g. sized by the draft-vocabulary maps stored in it.
     - ``complete_state(drafter_cfg, geometry, state)``: adds to a checkpoint ``state`` (in place) the tensors a
       checkpoint may leave out because they follow from the config (EAGLE-3's identity maps of a full vocabulary).
-    - ``frozen_head_state(embed, lm_head)``: the module's frozen copies of the target's heads, by tensor name.
+    - ``needs_token_counts(drafter_cfg)``: whether building the module needs the training data's token counts
+      (to choose a reduced draft vocabulary).
+    - ``frozen_head_state(embed, lm_head, draft_vocab)``: the module's frozen copies of the target's heads, by
+      tensor name, for a module over ``draft_vocab`` (None: the whole target vocabulary).
     - ``slot_weights(module, cfg)``: the loss's position weight of each block slot, ``[block_size]``.
     - ``loss_inputs(module, output, cfg)``: position weights, draft-vocabulary map and Markov factor for the loss.
     - ``block_drafter(module, labels)``: the evaluator's drafting strategy for a loaded module.
@@ -68,14 +72,14 @@ class DrafterKind:
 
     name: str
     summary: str
-    needs_token_counts: bool
+    needs_token_counts: Callable[[DrafterConfig], bool]
     # Whether the drafter's block input holds mask tokens (``drafter.mask_token_id``) after the anchor.
     uses_mask_token: bool
     recipe_problems: Callable[[RecipeConfig], list[str]]
     build: "Callable[[DrafterConfig, DrafterGeometry, list[int], Optional[torch.Tensor]], nn.Module]"
     build_from_state: "Callable[[DrafterConfig, DrafterGeometry, list[int], Mapping[str, torch.Tensor]], nn.Module]"
     complete_state: "Callable[[DrafterConfig, DrafterGeometry, MutableMapping[str, torch.Tensor]], None]"
-    frozen_head_state: "Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]"
+    frozen_head_state: "Callable[[torch.Tensor, torch.Tensor, Optional[DraftVocab]], dict[str, torch.Tensor]]"
     slot_weights: "Callable[[nn.Module, RecipeConfig], torch.Tensor]"
     loss_inputs: "Callable[[nn.Module, DrafterOutput, RecipeConfig], LossInputs]"
     block_drafter: "Callable[[nn.Module, str], BlockDrafter]"
@@ -89,7 +93,7 @@ class DrafterKind:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""
         import torch
 
-        wanted = self.frozen_head_state(embed, lm_head)
+        wanted = self.frozen_head_state(embed, lm_head, getattr(module, "draft_vocab", None))
         current = dict(module.named_parameters())
         with torch.no_grad():
             for name, value in wanted.items():

@@ -22,7 +22,7 @@ from deepspec_train.kinds.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, ServingLayout, WrittenDrafter, published_as_is, stacked_depth,
+    ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, published_as_is, stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
 
@@ -141,6 +141,7 @@ def _unwritten(module: "nn.Module") -> frozenset[str]:
 ZLAB_DFLASH_LAYOUT = ServingLayout(
     name=NAME,
     architecture="DFlashDraftModel",
+    holds=holds_full_vocabulary,
     from_target=_FROM_TARGET,
     copies_target_heads=False,
     carries_temperatures=False,

@@ -12,7 +12,9 @@ the decoder uses ``R = 1``; the losslessness test drafts thousands of rows at on
   for the vanilla head, gated by the slot state for the gated head, the recurrent state's output for the RNN
   head (which carries its state from slot to slot). The confidence logit of slot ``k`` reads ``W1[prev]`` with
   the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
-  (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``.
+  (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``. Over a reduced draft vocabulary each
+  slot samples a draft id, mapped to its target id through ``d2t`` (the Markov step reads target ids), and ``q``
+  is zero outside the draft vocabulary.
 - EAGLE-3 (``Eagle3BlockDrafter``): autoregressive; step ``k`` consumes the token sampled at step ``k-1``. Its
   draft vocabulary is mapped back to target ids through ``d2t``, and ``q`` is zero outside the draft vocabulary.
 
@@ -172,6 +174,7 @@ class ParallelBlockDrafter:
         if head is not None:
             state, projection = head.initial_state(hidden[:, 0]), head.hidden_projection(hidden)
         prev = anchor_tokens.clone()
+        vocab = module.draft_vocab
         tokens, probs = [], []
         for k in range(num_tokens):
             logits = base_logits[:, k]
@@ -181,6 +184,11 @@ class ParallelBlockDrafter:
                 logits = torch.addmm(logits, latent, head.markov_w2.weight.T)
             q = probs_from_logits(logits, temperature)
             prev = sample_tokens(q, temperature, generator)
+            if vocab is not None:
+                # Over a reduced vocabulary the draft lives on draft ids: the sample (which the next Markov step
+                # reads) and its distribution move to target ids, where verification happens.
+                prev = vocab.draft_to_target(prev)
+                q = q.new_zeros(q.shape[0], vocab.target_vocab_size).index_copy_(1, vocab.target_ids(), q)
             tokens.append(prev)
             probs.append(q)
         drafted = torch.stack(tokens, dim=1)
