@@ -28,7 +28,7 @@ from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
-from deepspec_train.training.batch_loss import batch_loss
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.trainer import drafter_optimizer
 
 
@@ -100,18 +100,19 @@ def make_drafter(kind: str, shape: Shape, block: int, device: torch.device) -> t
 def time_steps(kinds: list[str], shape: Shape, block: int, steps: int, device: torch.device) -> dict[str, list[float]]:
     batch = synthetic_batch(shape, block, device)
     runs = {}
+    attention = "flex" if device.type == "cuda" else "sdpa"
     for kind in kinds:
         drafter, cfg = make_drafter(kind, shape, block, device)
         params = [p for p in drafter.parameters() if p.requires_grad]
-        runs[kind] = (drafter, cfg, drafter_optimizer(params, cfg), [])
-    attention = "flex" if device.type == "cuda" else "sdpa"
+        loss = DrafterLoss.for_recipe(cfg, drafter.lm_head.weight, attention)
+        runs[kind] = (drafter, loss, drafter_optimizer(params, cfg), [])
     for step in range(steps + 1):
         for kind in kinds:
-            drafter, cfg, optimizer, times = runs[kind]
+            drafter, loss, optimizer, times = runs[kind]
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            result = batch_loss(drafter, batch, cfg, drafter.lm_head.weight, float(batch.num_supervised), attention)
+            result = loss(drafter, batch, float(batch.num_supervised))
             result.loss.loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

@@ -106,13 +106,14 @@ def main() -> None:
         if args.tokenizer:
             from transformers import AutoTokenizer
 
-            from deepspec_train.data.token_shards import build_token_dataset, cache_key
+            from deepspec_train.data.token_shards import ConversationRenderer, build_token_dataset, cache_key
 
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
             conversations = root / "conversations.jsonl"
             rows = write_conversations(conversations, args.jsonl_mb * MB)
             key_s = timed(lambda: cache_key([str(conversations)], tokenizer, 512, "train", None))
-            build_s = timed(lambda: build_token_dataset([str(conversations)], tokenizer, 512, str(root / "cache"),
+            renderer = ConversationRenderer(tokenizer, 512, None)
+            build_s = timed(lambda: build_token_dataset([str(conversations)], renderer, str(root / "cache"),
                                                         progress=False))
             print(f"token cache, {args.jsonl_mb} MB JSONL ({rows:,} conversations): key {key_s:.3f} s, tokenise "
                   f"{build_s:.1f} s (key / tokenise {key_s / build_s:.4f})")

@@ -28,7 +28,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from deepspec_train.losses import decay_weights, selected_logit_loss
+from deepspec_train.losses import LossSettings, SupervisedRows, decay_weights, selected_logit_loss
 
 GIB = 1024**3
 
@@ -50,7 +50,7 @@ def naive_loss(inputs: dict) -> torch.Tensor:
 
 
 def chunked_loss(inputs: dict, chunk: int) -> torch.Tensor:
-    return selected_logit_loss(**inputs, chunk_size=chunk).loss
+    return selected_logit_loss(SupervisedRows(**inputs), LossSettings(chunk_size=chunk)).loss
 
 
 def make_inputs(positions: int, vocab: int, hidden: int, rank: int, dtype: torch.dtype, device: str) -> dict:

@@ -12,6 +12,10 @@
 3. Prints, per temperature and category, each drafter's tau and the reference's tau ratio against every other
    drafter with a paired bootstrap over prompts (standard error and 95% interval), their geometric mean over the
    categories, and each drafter's draft cost: sequential layer passes per round and measured draft ms per round.
+   Beside them, the serving-cost model's columns (``bench/modeled_speedup.py``): each drafter's production
+   counterpart (its structure at Qwen3-8B widths), its modeled draft time per round on an H200 and the modeled
+   speedup ``tau * t_target / (t_verify + t_draft)`` at batch 1 and 32, with the tau ratios' paired bootstrap
+   carried over to the speedup ratios. The cost rule (issue 22) compares the modeled draft time at batch 1.
 4. For a reference with a confidence head: fits sequential temperature scaling on the validation conversations'
    prompts (decoded at T = 1) and reports, on the suites' T = 1 rounds (held out from the fit), ECE of cumulative
    survival and AUROC per position (``deepspec_train.calibration.heldout``).
@@ -45,17 +49,21 @@ from deepspec_train.calibration.cli import survival_arrays  # noqa: E402
 from deepspec_train.calibration.heldout import (  # noqa: E402
     HeldOutConfidence, conditional_auroc_bound, held_out_confidence, summary_lines,
 )
-from bench.quality_harness import (  # noqa: E402
-    BenchDrafter, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios, tau_by_category,
-    tau_table, totals_by_category,
+from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
+    BenchDrafter, DecodeSettings, decode_interleaved, draft_ms_per_round, expected_length, markdown, paired_ratios,
+    tau_by_category, tau_table, totals_by_category,
 )
+from bench.modeled_speedup import modeled_cost, speedup_ratios, speedup_table, trained_settings  # noqa: E402
 from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
+from deepspec_train.serving_cost import DEFAULT_CONTEXT, REPORT_BATCHES, REPORT_GPU  # noqa: E402
 from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
 from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
 from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
 
 DEFAULT_RECIPES = ("tiny-dspark", "tiny-dflash", "tiny-eagle3")
 GOAL_RATIO = 1.25
+# The modeled-speedup ratio of the reference against each other drafter at batch 1 should reach this (issue 22).
+GOAL_SPEEDUP_RATIO = 1.2
 # The benchmark should resolve each tau ratio (per category and geomean) to this standard error.
 MAX_RATIO_SE = 0.03
 
@@ -143,8 +151,9 @@ def validation_suites(world: Path, limit: int | None) -> list[Suite]:
 def confidence_report(args, target, tokenizer, reference: BenchDrafter, world: Path, out: Path, test_rows) -> dict:
     """STS fit on validation prompts at T = 1, scored on the suites' T = 1 rounds of the reference."""
     suite = calibration_suite(world, args.calibration_prompts)
-    fit_rows = decode_interleaved(target, tokenizer, [reference], [suite], 1.0, list(range(args.seeds)),
-                                  args.new_tokens, not args.no_progress)[reference.name]
+    settings = DecodeSettings(1.0, tuple(range(args.seeds)), args.new_tokens)
+    by_drafter = decode_interleaved(target, tokenizer, [reference], [suite], settings, not args.no_progress)
+    fit_rows = by_drafter[reference.name]
     write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)
     write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)
     report = held_out_confidence(survival_arrays(fit_rows), survival_arrays(test_rows))
@@ -192,6 +201,7 @@ def main(argv: list[str]) -> int:
     else:
         suites = [load_suite(f"tinyworld:{name}", str(world), args.prompts) for name in TINYWORLD_SUITES]
     reference, others = args.recipes[0], args.recipes[1:]
+    costs = {r: modeled_cost(r, *trained_settings(out / r / "drafter")) for r in args.recipes}
 
     report: dict = {"settings": {**vars(args), "tinyworld": str(world)}, "temperatures": {}, "drafters": {}}
     tables: dict[str, tuple[list, list]] = {}
@@ -199,8 +209,8 @@ def main(argv: list[str]) -> int:
     for temperature in args.temperatures:
         seeds = list(range(args.seeds)) if temperature > 0 else [0]
         conversations: dict[str, list[ConversationStats]] = {}
-        rows = decode_interleaved(target, tokenizer, drafters, suites, temperature, seeds, args.new_tokens,
-                                  not args.no_progress, conversations)
+        settings = DecodeSettings(temperature, tuple(seeds), args.new_tokens)
+        rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress, conversations)
         rows_at[temperature] = rows
         for d in drafters:
             write_traces(out / "traces" / f"{d.name}_T{temperature:g}.jsonl", rows[d.name])
@@ -216,11 +226,17 @@ def main(argv: list[str]) -> int:
         totals = totals_by_category(rows)
         ratios = paired_ratios(totals, reference, others, args.bootstrap, seed=0)
         tables[f"tau_T{temperature:g}"] = tau_table(totals, args.recipes, ratios)
+        factors = {b: {r: costs[r].times[b].speedup_per_token for r in args.recipes} for b in REPORT_BATCHES}
+        speedups = {b: speedup_ratios(ratios, factors[b]) for b in REPORT_BATCHES}
+        tables[f"speedup_T{temperature:g}"] = speedup_table(totals, args.recipes, factors, speedups)
         report["temperatures"][f"{temperature:g}"] = {
             "tau": tau_by_category(totals),
             "prompts_per_category": {c: int(next(iter(t.values())).emitted.size) for c, t in totals.items()},
             "seeds": seeds,
             "ratios": {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()} for (a, b), per in ratios.items()},
+            "modeled_speedup_ratios": {str(batch): {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()}
+                                                    for (a, b), per in by_pair.items()}
+                                       for batch, by_pair in speedups.items()},
         }
 
     first = rows_at[args.temperatures[0]]
@@ -232,14 +248,21 @@ def main(argv: list[str]) -> int:
         wall = draft_ms_per_round(first[d.name], args.bootstrap, seed=1, field="draft_seconds")
         entry = {"kind": d.loaded.kind, "sequential_layer_passes": d.sequential_layer_passes(),
                  "draft_cpu_ms_per_round": timing.to_dict(), "draft_wall_ms_per_round": wall.to_dict(),
-                 "val_expected_len": expected_length(summary), "train": train_seconds.get(d.name)}
+                 "val_expected_len": expected_length(summary), "train": train_seconds.get(d.name),
+                 "modeled": costs[d.name].to_dict()}
         report["drafters"][d.name] = entry
         el, trained = entry["val_expected_len"], entry["train"]
+        modeled = costs[d.name].times
         cost_rows.append([d.name, d.loaded.kind, str(entry["sequential_layer_passes"]),
+                          " / ".join(f"{1e6 * modeled[b].draft_s:,.0f}" for b in REPORT_BATCHES),
+                          " / ".join(f"{modeled[b].speedup_per_token:.3f}" for b in REPORT_BATCHES),
                           f"{timing.value:.3f} [{timing.low:.3f}, {timing.high:.3f}]",
                           f"{wall.value:.3f} [{wall.low:.3f}, {wall.high:.3f}]", "-" if el is None else f"{el:.3f}",
                           "-" if trained is None else f"{trained['wall_s']:.0f} / {trained['cpu_s']:.0f}"])
+    batches = "/".join(str(b) for b in REPORT_BATCHES)
     tables["draft_cost"] = (["drafter", "kind", "sequential layer passes / round",
+                             f"modeled draft us / round at Qwen3-8B widths ({REPORT_GPU}, batch {batches})",
+                             f"t_target / (t_verify + t_draft) (batch {batches})",
                              f"draft CPU ms / round (T={args.temperatures[0]:g}) [95% CI]", "draft wall ms / round",
                              "val E[L]", "training wall / CPU s"], cost_rows)
 
@@ -263,22 +286,32 @@ def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list,
         info = report["temperatures"][f"{t:g}"]
         counts = ", ".join(f"{c} {n}" for c, n in sorted(info["prompts_per_category"].items()))
         lines += [f"## tau at T = {t:g} ({counts} prompts x {len(info['seeds'])} seed(s), {args.new_tokens} new "
-                  "tokens; paired bootstrap over prompts, 95% interval)", "", markdown(*tables[f"tau_T{t:g}"]), ""]
+                  "tokens; paired bootstrap over prompts, 95% interval)", "", markdown(*tables[f"tau_T{t:g}"]), "",
+                  f"Modeled speedup at T = {t:g}: tau x t_target / (t_verify + t_draft) of the Qwen3-8B production "
+                  f"counterparts on an {REPORT_GPU} (context {DEFAULT_CONTEXT}; "
+                  "`python -m deepspec_train.serving_cost`)",
+                  "", markdown(*tables[f"speedup_T{t:g}"]), ""]
     lines += ["## Draft cost", "", markdown(*tables["draft_cost"]), ""]
     first = report["temperatures"][f"{args.temperatures[0]:g}"]["ratios"]
     ref_cost = report["drafters"][ref]
     for other in args.recipes[1:]:
         g = first[f"{ref}/{other}"]["geomean"]
         o_cost = report["drafters"][other]
+        # The cost rule: layer passes and the modeled draft time at batch 1 of the production counterparts.
         matched = (ref_cost["sequential_layer_passes"] <= o_cost["sequential_layer_passes"]
-                   and ref_cost["draft_cpu_ms_per_round"]["value"] <= o_cost["draft_cpu_ms_per_round"]["value"])
+                   and ref_cost["modeled"]["batches"]["1"]["draft_us"] <= o_cost["modeled"]["batches"]["1"]["draft_us"])
+        cpu_matched = ref_cost["draft_cpu_ms_per_round"]["value"] <= o_cost["draft_cpu_ms_per_round"]["value"]
+        speedup = report["temperatures"][f"{args.temperatures[0]:g}"]["modeled_speedup_ratios"]["1"][f"{ref}/{other}"]
+        s = speedup["geomean"]
         goal = g["value"] >= GOAL_RATIO and (g["low"] > 1.0 or g["high"] < 1.0)
         largest_se = max(e["se"] for e in first[f"{ref}/{other}"].values())
         lines.append(f"- {ref} / {other} at T = {args.temperatures[0]:g}: geomean "
                      f"{g['value']:.3f} [{g['low']:.3f}, {g['high']:.3f}]; >= {GOAL_RATIO} with the interval "
                      f"excluding 1: {'yes' if goal else 'no'}; largest standard error {largest_se:.3f} (target "
-                     f"{MAX_RATIO_SE}); draft cost at most {other}'s (layer passes and ms): "
-                     f"{'yes' if matched else 'no'}")
+                     f"{MAX_RATIO_SE}); draft cost at most {other}'s (layer passes and modeled draft time at "
+                     f"batch 1): {'yes' if matched else 'no'} (measured CPU ms: {'yes' if cpu_matched else 'no'}); "
+                     f"modeled speedup ratio at batch 1 {s['value']:.3f} [{s['low']:.3f}, {s['high']:.3f}], >= "
+                     f"{GOAL_SPEEDUP_RATIO}: {'yes' if s['value'] >= GOAL_SPEEDUP_RATIO else 'no'}")
     if "confidence" in report:
         c = report["confidence"]
         lines += ["", f"## Confidence head of {ref} (STS fit on {c['fit_rounds']} rounds of {c['prompts']} validation "

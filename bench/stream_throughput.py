@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from deepspec_train.validation import load_recipe
-from deepspec_train.jobs.assembly import load_token_datasets, resolve_attention, train_source
+from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, resolve_attention, train_plan
 from deepspec_train.metrics.sinks import NoOpSink
 from deepspec_train.kinds.builder import build_drafter_from_files
 from deepspec_train.streaming.roles import Topology
@@ -36,8 +36,9 @@ from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop
 from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import init_distributed, role_context
-from deepspec_train.training.feature_source import StepBatches
+from deepspec_train.training.feature_source import InProcessFeatureSource, StepBatches
 from deepspec_train.training.trainer import DrafterTrainer
 
 QWEN3_8B = {"d": 4096, "vocab": 151936, "layers": 5, "bytes": 2}
@@ -76,9 +77,9 @@ class _Recording:
     def state_dict(self) -> dict:
         return self.source.state_dict()
 
-    def pop_stream_metrics(self) -> None:
-        # Left to the benchmark, which reads the wrapped source's window once after the run.
-        return None
+    def pop_metrics(self) -> dict[str, float]:
+        # Left to the benchmark, which reads the wrapped source's metrics once after the run.
+        return {}
 
 
 class _Premade:
@@ -93,15 +94,16 @@ class _Premade:
     def state_dict(self) -> dict:
         return {"epoch": 0, "step_in_epoch": len(self.steps)}
 
-    def pop_stream_metrics(self) -> None:
-        return None
+    def pop_metrics(self) -> dict[str, float]:
+        return {}
 
 
 def _train(cfg, ctx, source, steps: int, out: Path) -> float:
     torch.manual_seed(cfg.run.seed)
     drafter, head = build_drafter_from_files(cfg, None, ctx.device)
     cfg = replace(cfg, run=replace(cfg.run, output_dir=str(out)))
-    trainer = DrafterTrainer(cfg, drafter, head, source, None, NoOpSink(), ctx, steps, resolve_attention(ctx))
+    loss = DrafterLoss.for_recipe(cfg, head, resolve_attention(ctx))
+    trainer = DrafterTrainer(cfg, drafter, loss, source, None, NoOpSink(), ctx, steps)
     start = time.perf_counter()
     trainer.fit()
     return time.perf_counter() - start
@@ -120,24 +122,23 @@ def main(argv: list[str]) -> None:
     if world.rank == 0:
         data = load_token_datasets(cfg, ctx)
         tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
-        source = train_source(cfg, data["train"], tap, 0, 1, ctx.device)
+        builder, plan = chunk_builder(cfg, tap, ctx.device), train_plan(cfg, data["train"], 0, 1)
         start = time.perf_counter()
-        for _, _step in zip(range(steps), source):
+        for _, _step in zip(range(steps), InProcessFeatureSource(plan, builder)):
             pass
         target_s = time.perf_counter() - start
         dist.barrier()
-        plan = StreamPlan(steps, steps, source.steps_per_epoch, 10**9, False)
-        run_target_loop([DrafterFeed(topology.routes()[0], source, None)], plan, topology, ctx.device,
-                        cfg.stream.depth, cfg.stream.timeout_s)
+        stream_plan = StreamPlan(steps, steps, plan.steps_per_epoch, 10**9, False)
+        run_target_loop([DrafterFeed(topology.routes()[0], plan, None)], builder, stream_plan, topology, cfg.stream,
+                        ctx.device)
         dist.barrier()
         dist.barrier()
         values = torch.tensor([target_s, 0, 0, 0, 0, 0, 0], dtype=torch.float64)
     else:
         dist.barrier()
-        stream = _Recording(StreamedFeatureSource(topology, 0, ctx.device, cfg.stream.timeout_s))
+        stream = _Recording(StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s))
         pipeline_s = _train(cfg, ctx, stream, steps, out / "pipeline")
-        window = stream.source.pop_stream_metrics()
-        wait_s, wire_bytes = window.wait_seconds, window.bytes_received
+        measured = stream.source.pop_metrics()
         dist.barrier()
         drafter_s = _train(cfg, ctx, _Premade(stream.kept), steps, out / "drafter_only")
         dist.barrier()
@@ -145,7 +146,8 @@ def main(argv: list[str]) -> None:
         supervised = sum(b.num_supervised for b in batches)
         ctx_rows = sum(int(b.ctx_tokens.numel()) for b in batches)
         blocks = sum(b.num_blocks for b in batches)
-        values = torch.tensor([0, pipeline_s, drafter_s, wait_s, wire_bytes / supervised, ctx_rows / supervised,
+        values = torch.tensor([0, pipeline_s, drafter_s, measured["stream/target_wait_frac"],
+                               measured["stream/wire_bytes_per_supervised_token"], ctx_rows / supervised,
                                blocks / supervised], dtype=torch.float64)
     dist.all_reduce(values)
     if world.rank == 0:
@@ -162,13 +164,13 @@ def qwen3_8b_bytes_per_token(rows_per_token: float, blocks_per_token: float, blo
 
 
 def _report(values: list[float], steps: int, cfg) -> None:
-    target_s, pipeline_s, drafter_s, wait_s, bytes_per_token, rows_per_token, blocks_per_token = values
+    target_s, pipeline_s, drafter_s, wait_frac, bytes_per_token, rows_per_token, blocks_per_token = values
     rates = {"target only": steps / target_s, "drafter only": steps / drafter_s, "pipeline": steps / pipeline_s}
     for name, rate in rates.items():
         print(f"{name:>13}: {rate:8.2f} steps/s")
     ratio = rates["pipeline"] / min(rates["target only"], rates["drafter only"])
     print(f"pipeline / min(target only, drafter only) = {ratio:.3f} (goal >= 0.85); "
-          f"drafter waited on the stream {wait_s / pipeline_s:.1%} of the pipeline time")
+          f"drafter waited on the stream {wait_frac:.1%} of the pipeline time")
     tiny_logits = _vocab_size(cfg) * 4
     print(f"tiny world: {bytes_per_token:,.0f} wire bytes per supervised token vs {tiny_logits:,} for fp32 "
           f"full-vocabulary logits ({bytes_per_token / tiny_logits:.2f}x); {rows_per_token:.2f} context rows and "

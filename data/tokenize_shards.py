@@ -16,24 +16,25 @@ from typing import Optional
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.data.token_shards import DataSummary, build_token_dataset
+from deepspec_train.data.token_shards import ConversationRenderer, DataSummary, build_token_dataset
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.entry import parse_command_line
+from deepspec_train.output_paths import ensure_output_dir
 
 
 def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, DataSummary]:
     """Build (or reuse) the shard cache of every data split the recipe names; split -> summary."""
     from deepspec_train.target.loading import load_tokenizer
 
-    tokenizer = load_tokenizer(cfg.target)
+    renderer = ConversationRenderer(
+        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking}
+    )
     summaries = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:
             continue
         _, summaries[split] = build_token_dataset(
-            sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
-            split=cfg.data.split, progress=progress,
-            chat_template_kwargs={"enable_thinking": cfg.data.enable_thinking},
+            sources, renderer, cfg.data.cache_dir, strict=cfg.data.strict, split=cfg.data.split, progress=progress,
             num_workers=cfg.data.num_workers,
         )
     return summaries
@@ -48,6 +49,8 @@ def _tokenize(argv: list[str]) -> int:
     recipe, overrides = parse_command_line(argv)
     # Tokenising reads the target's tokenizer only: the rules that tie taps to its layers do not apply yet.
     cfg = load_recipe(recipe, overrides, check_target=False)
+    if cfg.data.cache_dir:
+        ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
     for split, summary in tokenize_recipe_data(cfg).items():
         print(f"{split}: {summary.format()}")
     return 0

@@ -29,7 +29,7 @@ from typing import Any, Optional
 import torch
 
 from deepspec_train.config.rules import tensor_parallel_problems
-from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.config.schema import DSPARK_LABELS, RecipeConfig
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.packing.packer import plan_micro_batches
@@ -73,10 +73,10 @@ def nominal_anchors(seq_len: int, anchors: int) -> list[int]:
     return [i * last // (count - 1) for i in range(count)]
 
 
-def supervised_slots(anchor: int, seq_len: int, block_size: int, labels: str = "dspark") -> int:
+def supervised_slots(anchor: int, seq_len: int, block_size: int, labels: str = DSPARK_LABELS) -> int:
     """Supervised slots of the block at ``anchor`` in a fully supervised sequence: DSpark labels supervise slots
     ``0..B-1`` (slot k predicts ``x_{a+k+1}``), z-lab labels slots ``1..B-1``, each only up to the last token."""
-    if labels == "dspark":
+    if labels == DSPARK_LABELS:
         return min(block_size, seq_len - 1 - anchor)
     return min(block_size - 1, seq_len - 1 - anchor)
 

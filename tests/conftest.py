@@ -1,6 +1,7 @@
 """Shared fixtures: the session's tiny world (built once with the `test` preset), the random-weight worlds of the
 multi-process streaming tests and of the mixture-of-experts tests, one torch thread for the modules that decode
-with tiny models, and the `gpu` skip rule.
+with tiny models, the scripted HTTP servers of the regeneration tests, and the skip rules of the `gpu` tier
+(without CUDA) and the `slurm` tier (unless ``-m slurm``).
 
 Set DEEPSPEC_TINYWORLD_DIR to a tiny world built earlier (`deepspec tinyworld build --preset test --out DIR`)
 to skip the build while iterating locally; CI always builds a fresh one.
@@ -17,16 +18,23 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers.opt_in_markers import names_marker
+
 REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs CUDA (gpu tier); this machine has no GPU")
+    """Skip the `gpu` tier without CUDA, and the `slurm` tier unless ``-m`` names it (it installs and starts
+    Slurm)."""
+    skips = {}
+    if not torch.cuda.is_available():
+        skips["gpu"] = pytest.mark.skip(reason="needs CUDA (gpu tier); this machine has no GPU")
+    if not names_marker(config.getoption("markexpr"), "slurm"):
+        skips["slurm"] = pytest.mark.skip(reason="Slurm tier (installs and starts Slurm): opt in with -m slurm")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +72,8 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def streaming_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Target, train / validation JSONL and shard cache of the streaming, resume and failure tests (see
-    ``tests/streaming_helpers.py``)."""
-    from tests.streaming_helpers import build_world
+    ``tests/helpers/streaming_world.py``)."""
+    from tests.helpers.streaming_world import build_world
 
     return build_world(tmp_path_factory.mktemp("streaming_world"))
 
@@ -73,8 +81,8 @@ def streaming_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The Qwen3-30B-A3B scale target, train / validation JSONL and shard cache of the mixture-of-experts tests
-    (see ``tests/moe_world.py``)."""
-    from tests.moe_world import build_moe_world
+    (see ``tests/helpers/moe_world.py``)."""
+    from tests.helpers.moe_world import build_moe_world
 
     return build_moe_world(tmp_path_factory.mktemp("moe_world"))
 
@@ -82,6 +90,23 @@ def moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def shallow_moe_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """``moe_world`` with a 4-layer target: the multi-process tests load it once per rank."""
-    from tests.moe_world import build_moe_world
+    from tests.helpers.moe_world import build_moe_world
 
     return build_moe_world(tmp_path_factory.mktemp("shallow_moe_world"), num_hidden_layers=4)
+
+
+@pytest.fixture
+def scripted():
+    """Starts scripted HTTP servers (``scripted(script, answer)``, see ``tests/helpers/regeneration.py``) and
+    stops them after the test."""
+    from tests.helpers.regeneration import ScriptedServer
+
+    started: list[ScriptedServer] = []
+
+    def start(script: list[int | bytes], answer: str = "fine") -> ScriptedServer:
+        started.append(ScriptedServer(script, answer))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.stop()

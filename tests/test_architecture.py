@@ -1,19 +1,34 @@
 """Structural rules of the package, checked on its source: imports go one way between modules and between
 packages (no module or package imports itself back through others; function-level and type-checking imports
-count), and decisions on the drafter kind go through the kind
-registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches and ``isinstance`` tests on drafter
-classes scattered over the code."""
+count), decisions on the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of
+``kind == ...`` switches and ``isinstance`` tests on drafter classes scattered over the code, decisions on the
+serving layout go through the layout records instead of ``layout == ...`` switches, the recipe schema's
+enumerations agree with the registries, and no function of the package or of ``bench/`` takes more than eight
+parameters (related ones travel as one record)."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
+
+from deepspec_train.config.schema import LABEL_CONVENTIONS, DrafterKindName
+from deepspec_train.kinds.layout_registry import LAYOUTS
+from deepspec_train.kinds.registry import KINDS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepspec_train"
+BENCH = PACKAGE.parent / "bench"
+MAX_PARAMETERS = 8
 KIND_NAMES = {"dspark", "dflash", "eagle3"}
 DRAFTER_CLASSES = {"ParallelDrafter", "Eagle3Drafter"}
 # The only modules that may name a drafter kind: the recipe schema (its allowed values) and the kind records.
 KIND_PLACES = {"config/schema.py", "kinds/parallel.py", "kinds/eagle3.py"}
+# Layout names and the architectures that identify them; only the layout records may test for one.
+LAYOUT_NAMES = set(LAYOUTS) | {spec.architecture for spec in LAYOUTS.values()}
+LAYOUT_PLACES = {
+    "kinds/dspark_layout.py", "kinds/speculators_dspark_layout.py", "kinds/zlab_dflash_layout.py", "kinds/eagle3_layout.py",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -122,25 +137,32 @@ def test_the_package_scan_finds_a_cycle() -> None:
     assert _imports_of_tree(tree, modules) == {"deepspec_train.kinds.registry"}
 
 
+def _literals(node: ast.AST) -> list[object]:
+    """The constants ``node`` is or holds (a tuple / list / set of constants)."""
+    elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [elt.value for elt in elements if isinstance(elt, ast.Constant)]
+
+
+def _is_name_switch(node: ast.AST, names: set[str], words: tuple[str, ...]) -> bool:
+    """Whether ``node`` compares something whose source holds one of ``words`` with one of ``names`` (alone or in a
+    tuple / list / set), or indexes a mapping literal keyed by ``names`` with such an expression."""
+    if isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+        named = any(value in names for op in operands for value in _literals(op))
+        return named and any(word in ast.unparse(op) for op in operands for word in words)
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Dict):
+        keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+        return bool(keys & names) and any(word in ast.unparse(node.slice) for word in words)
+    return False
+
+
 def _kind_decisions(tree: ast.AST) -> list[int]:
     """Lines that compare a kind to a kind name, index a kind-keyed mapping by a kind, build a config with a
     literal kind, or test a drafter class."""
     lines = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            literals = [
-                elt for op in operands
-                for elt in (op.elts if isinstance(op, (ast.Tuple, ast.List, ast.Set)) else [op])
-                if isinstance(elt, ast.Constant) and elt.value in KIND_NAMES
-            ]
-            kind_side = any("kind" in ast.unparse(op) for op in operands)
-            if literals and kind_side:
-                lines.append(node.lineno)
-        elif isinstance(node, ast.Subscript) and isinstance(node.value, ast.Dict):
-            keys = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-            if keys & KIND_NAMES and "kind" in ast.unparse(node.slice):
-                lines.append(node.lineno)
+        if _is_name_switch(node, KIND_NAMES, ("kind",)):
+            lines.append(node.lineno)
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
             if any(name in ast.unparse(node.args[1]) for name in DRAFTER_CLASSES):
                 lines.append(node.lineno)
@@ -150,16 +172,19 @@ def _kind_decisions(tree: ast.AST) -> list[int]:
     return sorted(lines)
 
 
-def test_drafter_kind_decisions_go_through_the_registry() -> None:
+def _offenders(scan: Callable[[ast.AST], list[int]], allowed: set[str]) -> dict[str, list[int]]:
+    """Module (relative to the package) -> lines that ``scan`` flags, for every module outside ``allowed``."""
     offenders = {}
-    for name, path in _modules().items():
+    for path in _modules().values():
         relative = str(path.relative_to(PACKAGE))
-        if relative in KIND_PLACES:
-            continue
-        lines = _kind_decisions(ast.parse(path.read_text()))
+        lines = [] if relative in allowed else scan(ast.parse(path.read_text()))
         if lines:
             offenders[relative] = lines
-    assert offenders == {}
+    return offenders
+
+
+def test_drafter_kind_decisions_go_through_the_registry() -> None:
+    assert _offenders(_kind_decisions, KIND_PLACES) == {}
     assert len(KIND_PLACES) <= 3
 
 
@@ -173,3 +198,78 @@ def test_the_kind_check_finds_a_switch() -> None:
         "w = loaded.kind in ('dspark', 'dflash')\n"
     )
     assert _kind_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
+
+
+def _wide_functions(tree: ast.AST) -> list[tuple[str, int]]:
+    """(name, line) of every function, method or lambda taking more than ``MAX_PARAMETERS`` parameters: positional
+    and keyword ones, ``*args`` and ``**kwargs`` one each, a leading ``self`` or ``cls`` not counted."""
+    wide = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        args = node.args
+        names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+        count = len(names) + (args.vararg is not None) + (args.kwarg is not None)
+        if names and names[0] in ("self", "cls"):
+            count -= 1
+        if count > MAX_PARAMETERS:
+            wide.append((getattr(node, "name", "<lambda>"), node.lineno))
+    return sorted(wide, key=lambda item: item[1])
+
+
+def test_no_function_takes_more_than_eight_parameters() -> None:
+    offenders = {}
+    for path in sorted([*PACKAGE.rglob("*.py"), *BENCH.rglob("*.py")]):
+        relative = str(path.relative_to(PACKAGE.parent))
+        wide = _wide_functions(ast.parse(path.read_text()))
+        if wide:
+            offenders[relative] = wide
+    assert offenders == {}
+
+
+def test_the_parameter_count_finds_a_wide_function() -> None:
+    """The scan above must catch a function over the limit (else it would pass on anything)."""
+    source = (
+        "def nine(a, b, c, d, e, f, g, h, i):\n    pass\n"
+        "def eight(a, b, c, d, e, f, *rest, **options):\n    pass\n"
+        "class C:\n"
+        "    def method(self, a, b, c, d, e, f, g, h):\n        pass\n"
+        "    def wide(self, a, b, c, d, e, f, g, *, h, i):\n        pass\n"
+        "handler = lambda a, b, c, d, e, f, g, h, i: a\n"
+    )
+    assert _wide_functions(ast.parse(source)) == [("nine", 1), ("wide", 8), ("<lambda>", 10)]
+
+
+def _layout_decisions(tree: ast.AST) -> list[int]:
+    """Lines that compare a layout (or an architecture) to a layout name or architecture, or index a layout-keyed
+    mapping by a layout."""
+    return sorted(node.lineno for node in ast.walk(tree) if _is_name_switch(node, LAYOUT_NAMES, ("layout", "arch")))
+
+
+def test_serving_layout_decisions_go_through_the_records() -> None:
+    assert _offenders(_layout_decisions, LAYOUT_PLACES) == {}
+
+
+def test_the_layout_check_finds_a_switch() -> None:
+    """The scan above must catch the patterns it forbids (else it would pass on anything)."""
+    source = (
+        "if layout == 'eagle3':\n    pass\n"
+        "x = plan.layout != 'dspark'\n"
+        "y = spec.layout in ('dspark', 'zlab-dflash')\n"
+        "z = {'dspark': 1, 'eagle3': 2}[layout]\n"
+        "w = arch == 'DFlashDraftModel'\n"
+        "v = labels == 'dspark'\n"
+    )
+    assert _layout_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
+
+
+def test_the_schema_names_the_registered_kinds() -> None:
+    """The recipe schema's ``drafter.kind`` values are the kind registry's names (one list, checked both ways)."""
+    assert set(get_args(DrafterKindName)) == set(KINDS)
+
+
+def test_every_kind_exports_to_registered_layouts() -> None:
+    """A kind's ``layouts`` name layout records, for every label convention."""
+    for kind in KINDS.values():
+        for labels in LABEL_CONVENTIONS:
+            assert set(kind.layouts(labels)) <= set(LAYOUTS), (kind.name, labels)

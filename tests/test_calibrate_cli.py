@@ -18,7 +18,8 @@ from deepspec_train.export.engine_files import STS_FILENAME, read_sts, strict_js
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.eval_traces import write_traces as write_trace_file
-from tests.test_export import BLOCK, exported_dspark, save_tiny_target
+from tests.helpers.tiny_geometry import BLOCK
+from tests.helpers.trained_drafters import exported_dspark, save_tiny_target
 
 TRUE_TEMPERATURES = [2.0, 1.5, 3.0, 2.5]
 

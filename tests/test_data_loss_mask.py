@@ -6,7 +6,7 @@ import pytest
 
 from deepspec_train.data.conversations import BadRow, normalize_conversation
 from deepspec_train.data.loss_mask import TemplateNotPrefixStableError, assistant_char_spans, render_with_loss_mask
-from tests.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
 
 
 @pytest.fixture(scope="module")

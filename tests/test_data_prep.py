@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deepspec_train.validation import load_recipe
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 REPO = Path(__file__).resolve().parents[1]
 

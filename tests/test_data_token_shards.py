@@ -13,7 +13,7 @@ import pytest
 from deepspec_train.data import token_shards
 from deepspec_train.data.conversations import BadRow, write_conversations_jsonl
 from deepspec_train.data.loss_mask import render_with_loss_mask
-from tests.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
 
 GOOD = [
     {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How can I help?"}]},
@@ -56,9 +56,10 @@ def mixed_file(tmp_path):
     return path
 
 
-def build(sources, tokenizer, cache_dir, **kwargs):
+def build(sources, tokenizer, cache_dir, chat_template_kwargs=None, **kwargs):
+    renderer = token_shards.ConversationRenderer(tokenizer, MAX_LENGTH, chat_template_kwargs)
     return token_shards.build_token_dataset(
-        [str(s) for s in sources], tokenizer, MAX_LENGTH, str(cache_dir), progress=False, **kwargs
+        [str(s) for s in sources], renderer, str(cache_dir), progress=False, **kwargs
     )
 
 
@@ -186,13 +187,7 @@ def test_row_the_template_cannot_render_prefix_stably_is_skipped(tmp_path, token
     ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    dataset, summary = token_shards.build_token_dataset(
-        [str(path)], tokenizer, MAX_LENGTH, str(tmp_path / "cache"), progress=False,
-        chat_template_kwargs={"enable_thinking": False},
-    )
+    dataset, summary = build([path], tokenizer, tmp_path / "cache", chat_template_kwargs={"enable_thinking": False})
     assert len(dataset) == 1 and summary.skipped == {"template_mismatch": 1}
     with pytest.raises(BadRow, match="rows.jsonl:1"):
-        token_shards.build_token_dataset(
-            [str(path)], tokenizer, MAX_LENGTH, str(tmp_path / "cache2"), strict=True, progress=False,
-            chat_template_kwargs={"enable_thinking": False},
-        )
+        build([path], tokenizer, tmp_path / "cache2", strict=True, chat_template_kwargs={"enable_thinking": False})

@@ -29,7 +29,7 @@ from deepspec_train.training import deepspeed_engine
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.deepspeed_engine import resolve_deepspeed_config
 from deepspec_train.jobs.run import run_training
-from tests.streaming_helpers import (
+from tests.helpers.streaming_world import (
     REPO, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all,
 )
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from deepspec_train.models.block_drafting import DraftContext
-from tests.evaluator_fixtures import load_tiny_target, random_drafter
+from tests.helpers.chat_model_drafters import load_tiny_target, random_drafter
 
 
 @pytest.fixture(scope="module")

@@ -6,33 +6,28 @@ instantiated on the meta device.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from collections import Counter
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from deepspec_train.config.loader import ConfigError
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, count_supervised_tokens
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
-from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
+from deepspec_train.validation import load_recipe
+from tests.helpers.tiny_geometry import TINY_GEOMETRY
 
 MASK_ID = 1
-TINY = DrafterGeometry(
-    hidden_size=32,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    vocab_size=40,
-    num_target_layers=8,
-    max_position_embeddings=256,
-)
+# The tiny geometry with a smaller vocabulary and head, and taps from 8 target layers (layer ids up to 4).
+TINY = dataclasses.replace(TINY_GEOMETRY, head_dim=8, vocab_size=40, num_target_layers=8, max_position_embeddings=256)
 
 
 # ---------------------------------------------------------------- draft vocabulary
@@ -304,7 +299,6 @@ def test_step_weights_decay() -> None:
     torch.testing.assert_close(drafter.step_weights(7), torch.tensor([0.8**k for k in range(7)]))
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_flex_backend_matches_sdpa() -> None:
     block = 3
     drafter = make_drafter(block)
@@ -316,11 +310,13 @@ def test_flex_backend_matches_sdpa() -> None:
 
 
 def test_rejects_inconsistent_recipes() -> None:
-    vocab = build_draft_vocab(torch.ones(TINY.vocab_size), None)
-    with pytest.raises(ValueError):
-        Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=5), [1, 3, 4], vocab)
-    with pytest.raises(ValueError):
-        Eagle3Drafter(TINY, DrafterConfig(kind="eagle3", num_layers=1, block_size=7, ttt_steps=5), [1, 3, 4], vocab)
+    # Checked once, when the recipe loads: the module trusts a loaded recipe.
+    for override, message in (
+        ("drafter.num_layers=5", "drafter.num_layers must be 1, got 5"),
+        ("drafter.ttt_steps=5", "drafter.ttt_steps (5) must equal drafter.block_size (7)"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_recipe("tiny-eagle3", [override], check_target=False)
     two_taps = RecipeConfig(
         drafter=DrafterConfig(kind="eagle3", num_layers=1, markov_rank=0, confidence_head=False),
         target=TargetConfig(layer_ids=[1, 3]),
@@ -383,7 +379,7 @@ def test_kv_cached_drafting_equals_the_unroll(rope) -> None:
     training unroll run on the drafted tokens (teacher forcing with the drafts), for several rows at once; with
     dynamic RoPE scaling too (every step rotates at the length the unroll uses), past the trained positions."""
     from deepspec_train.models.block_drafting import DraftContext, Eagle3BlockDrafter
-    from tests.drafter_fixtures import anchor_batch, use_dynamic_rope
+    from tests.helpers.tiny_drafter import anchor_batch, use_dynamic_rope
 
     block = 5
     drafter = make_drafter(block)

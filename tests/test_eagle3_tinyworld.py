@@ -25,7 +25,7 @@ from deepspec_train.jobs.cli import main
 from deepspec_train.validation import load_recipe
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.run import run_training
-from tests.test_train_tinyworld import overrides
+from tests.helpers.tiny_world_overrides import training_overrides
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFT_VOCAB, TAPS = 128, "[0,1,2]"
@@ -49,12 +49,12 @@ def deeper_target(tiny_world: Path, tmp_path_factory) -> Path:
 
 
 def _overrides(tiny_world: Path, target: Path, out: Path, steps: int) -> list[str]:
-    args = [a for a in overrides(tiny_world, "tiny-eagle3", out, steps) if not a.startswith("target.")]
+    args = [a for a in training_overrides(tiny_world, "tiny-eagle3", out, steps) if not a.startswith("target.")]
     return args + [f"target.path={target}", f"target.layer_ids={TAPS}"]
 
 
 def _same_logits(export: Path, run_drafter: Path, target: Path) -> None:
-    from tests.test_export import random_batch
+    from tests.helpers.trained_drafters import random_batch
 
     exported = load_exported_drafter(export, str(target))
     trained = load_exported_drafter(run_drafter, str(target))

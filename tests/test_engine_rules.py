@@ -16,13 +16,9 @@ import random
 import pytest
 import torch
 
-from deepspec_train.export.engine_rules import (
-    EngineRuleError,
-    captured_decoder_layers,
-    check_engines,
-    engine_reading,
-)
-from deepspec_train.kinds.serving_layouts import TensorSpec
+from deepspec_train.export.engine_rules import EngineRuleError, check_engines, engine_reading
+from deepspec_train.kinds.engine_reading import captured_decoder_layers
+from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
 
 # What each engine captures from each production export (decoder-layer outputs, fc column order).
@@ -103,7 +99,7 @@ def test_serve_lines_of_the_8b_dspark_export(plans):
 
 def test_serve_lines_of_zlab_and_eagle3(plans):
     from deepspec_train.export.exporter import plan_export
-    from tests.test_export import QWEN3_8B, meta_parallel
+    from tests.helpers.meta_drafters import QWEN3_8B, meta_parallel
 
     zlab = plan_export(meta_parallel("dflash", labels="zlab"), QWEN3_8B.to_dict())
     vllm, sglang = (engine_reading(e, zlab.config, zlab.tensors, QWEN3_8B.to_dict()) for e in ("vllm", "sglang"))

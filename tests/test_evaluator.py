@@ -18,7 +18,7 @@ from deepspec_train.evaluation.suites import load_suite
 from deepspec_train.formats.eval_traces import parse_round
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.target.hidden_states import TargetTap
-from tests.evaluator_fixtures import BLOCK, drafter_recipe, load_tiny_target, random_drafter
+from tests.helpers.chat_model_drafters import BLOCK, drafter_recipe, load_tiny_target, random_drafter
 
 MAX_NEW = 20
 TRACE_FIELDS = {

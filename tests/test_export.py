@@ -7,130 +7,44 @@ shape plan for Qwen3-8B-sized drafters (built on the meta device, nothing writte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
+from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
-from deepspec_train.kinds.serving_layouts import (
-    LayoutError,
-    layer_ids_from_eagle3_config,
-    validate_layout,
-    vllm_eagle3_layer_ids,
-)
+from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
+from deepspec_train.kinds.engine_reading import EngineReading, captured_decoder_layers
+from deepspec_train.kinds.eagle3_layout import layer_ids_from_eagle3_config, vllm_eagle3_layer_ids
+from deepspec_train.kinds.layout_checks import ConfigCheck
+from deepspec_train.kinds.layout_registry import LAYOUTS, validate_layout
+from deepspec_train.kinds.parallel import DSPARK
+from deepspec_train.kinds.registry import KINDS
+from deepspec_train.kinds.layout_spec import LayoutError
 from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
-from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.parallel_drafter import ParallelDrafter
-from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs
-from deepspec_train.packing.anchors import sample_anchors
-from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.packing.packer import SequenceItem, pack_sequences
+from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 from deepspec_train.target.head_weights import load_head_weights
 from deepspec_train.formats.trained_drafter import write_trained_drafter
-from tests.drafter_fixtures import drafter_outputs, random_loss_mask
-
-VOCAB, MASK_ID, HIDDEN, BLOCK, TARGET_LAYERS = 97, 96, 32, 4, 4
-LAYER_IDS = {"dspark": [0, 2], "dflash": [0, 2], "eagle3": [0, 1, 2]}
-
-
-def save_tiny_target(directory: Path) -> str:
-    """An untied 4-layer Qwen3 target (config.json + model.safetensors), so a swapped embed/LM head would show."""
-    config = Qwen3Config(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=TARGET_LAYERS,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(123)
-    Qwen3ForCausalLM(config).save_pretrained(str(directory))
-    return str(directory)
-
-
-def tiny_recipe(kind: str, target_path: str, labels: str = "dspark", **drafter) -> RecipeConfig:
-    base = {"kind": kind, "num_layers": 2, "block_size": BLOCK, "mask_token_id": MASK_ID, "labels": labels,
-            "intermediate_size": 48}
-    if kind == "dspark":
-        base.update(markov_rank=8, confidence_head=True)
-    elif kind == "dflash":
-        base.update(markov_rank=0, confidence_head=False)
-    else:
-        base.update(num_layers=1, ttt_steps=BLOCK, draft_vocab_size=40, markov_rank=0, confidence_head=False)
-    base.update(drafter)
-    return RecipeConfig(
-        drafter=DrafterConfig(**base), target=TargetConfig(path=target_path, layer_ids=list(LAYER_IDS[kind]))
-    )
-
-
-def trained_drafter(cfg: RecipeConfig, seed: int = 0) -> torch.nn.Module:
-    """A drafter with every trainable weight random (norm scales, Markov W2 and biases too) and target heads."""
-    geometry = geometry_from_target_config(Qwen3Config.from_pretrained(cfg.target.path), cfg.drafter.intermediate_size)
-    torch.manual_seed(seed)
-    counts = torch.randint(0, 100, (geometry.vocab_size,))
-    drafter = build_drafter_for_geometry(cfg, geometry, counts)
-    with torch.no_grad():
-        for name, param in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith(("markov_w2.weight", ".bias")):
-                param.normal_(std=0.3)
-    embed, lm_head = load_head_weights(cfg.target.path)
-    if isinstance(drafter, Eagle3Drafter):
-        drafter.load_target_embedding(embed)
-    else:
-        drafter.load_target_heads(embed, lm_head)
-    return drafter.eval()
-
-
-def write_training_output(drafter: torch.nn.Module, cfg: RecipeConfig, run_dir: Path) -> Path:
-    """``<run>/drafter`` as training writes it; EAGLE-3 also keeps its draft-vocabulary maps there."""
-    out = run_dir / "drafter"
-    write_trained_drafter(drafter, cfg, out)
-    if isinstance(drafter, Eagle3Drafter):
-        state = load_file(str(out / "drafter.safetensors"))
-        state.update(d2t=drafter.d2t.clone(), t2d=drafter.t2d.clone())
-        save_file(state, str(out / "drafter.safetensors"))
-    return out
-
-
-def random_batch(kind: str, seed: int = 0, labels: str = "dspark") -> PackedBatch:
-    """Anchor blocks from three random sequences with random target features for ``kind``'s taps."""
-    g = torch.Generator().manual_seed(seed)
-    width = len(LAYER_IDS[kind]) * HIDDEN
-    items = []
-    for i, length in enumerate((23, 31, 17)):
-        items.append(
-            SequenceItem(
-                input_ids=torch.randint(0, MASK_ID, (length,), generator=g),
-                loss_mask=random_loss_mask(length, g),
-                ctx_features=torch.randn(length, width, generator=g),
-                final_hidden=torch.randn(length, HIDDEN, generator=g),
-                sample_id=i,
-            )
-        )
-    anchors = [sample_anchors(it.loss_mask, 4, g) for it in items]
-    (batch,) = pack_sequences(items, anchors, BLOCK, 10_000, MASK_ID, labels)
-    return batch
+from tests.helpers.meta_drafters import QWEN3_8B, meta_parallel
+from tests.helpers.tiny_drafter import drafter_outputs
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
+from tests.helpers.trained_drafters import (
+    LAYER_IDS, exported_dspark, random_batch, save_tiny_target, tiny_recipe, trained_drafter, write_training_output,
+)
 
 
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory) -> str:
     return save_tiny_target(tmp_path_factory.mktemp("target"))
-
-
-def exported_dspark(tmp_path: Path, target: str, temperatures=None) -> tuple[Path, torch.nn.Module]:
-    """A trained-ish DSpark drafter exported at fp32 (used by the calibrate CLI tests too)."""
-    cfg = tiny_recipe("dspark", target)
-    drafter = trained_drafter(cfg)
-    run = write_training_output(drafter, cfg, tmp_path / "run")
-    out = export_drafter(run, target, tmp_path / "export", confidence_temperatures=temperatures, dtype=torch.float32)
-    return out, drafter
 
 
 CASES = [("dspark", "dspark", "dspark"), ("dflash", "dspark", "dspark"), ("dflash", "zlab", "zlab-dflash"),
@@ -165,6 +79,50 @@ def test_round_trip_is_bit_identical(tmp_path, target_dir, kind, labels, layout)
     if kind == "eagle3":
         assert torch.equal(loaded.module.d2t, drafter.d2t) and torch.equal(loaded.module.t2d, drafter.t2d)
         assert not bool(drafter.t2d.all())
+
+
+def _toy_engine(config, tensors, target, paths) -> EngineReading:
+    points = [i + 1 for i in config["target_layer_ids"]]
+    return EngineReading("vllm", "toy", captured_decoder_layers(points, target.num_layers), serve_commands=["toy"])
+
+
+def _without_heads(check: ConfigCheck):
+    tensors = DSPARK_LAYOUT.check(check)
+    return None if tensors is None else {k: v for k, v in tensors.items() if k not in TOY_FROM_TARGET}
+
+
+TOY_FROM_TARGET = ("embed_tokens.weight", "lm_head.weight")
+# A layout made of a record only: DSpark's fields, its heads taken from the target, one engine (vLLM) and a file.
+TOY_LAYOUT = dataclasses.replace(
+    DSPARK_LAYOUT, name="toy", architecture="ToyDraftModel", from_target=TOY_FROM_TARGET, copies_target_heads=False,
+    unwritten=lambda module: frozenset(TOY_FROM_TARGET), check=_without_heads, engines={"vllm": _toy_engine},
+    companion_files=lambda: {"TOY.md": "toy\n"}, readme_section=lambda config: ["## Toy", ""],
+)
+TOY_KIND = dataclasses.replace(DSPARK, name="toy-kind", layouts=lambda labels: (TOY_LAYOUT.name,),
+                               holds_export=lambda drafter: True)
+
+
+def test_a_new_kind_and_layout_are_one_record_each(tmp_path, target_dir, monkeypatch):
+    """Registering a kind record and a layout record is all the exporter, the engine rules and the loader need."""
+    monkeypatch.setitem(KINDS, TOY_KIND.name, TOY_KIND)
+    monkeypatch.setitem(LAYOUTS, TOY_LAYOUT.name, TOY_LAYOUT)
+    cfg = tiny_recipe("dspark", target_dir)
+    cfg = dataclasses.replace(cfg, drafter=dataclasses.replace(cfg.drafter, kind=TOY_KIND.name))
+    drafter = trained_drafter(cfg)
+    run = write_training_output(drafter, cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "TOY.md", "config.json", "model.safetensors"]
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["ToyDraftModel"]
+    assert not set(TOY_FROM_TARGET) & set(read_tensor_specs(out / "model.safetensors"))
+    assert "## Toy" in (out / "README.md").read_text()
+    vllm, sglang = check_export_dir(out, target_dir)
+    assert vllm.captured_layers == LAYER_IDS["dspark"] and vllm.serve_commands == ["toy"]
+    assert sglang.unserved == "sglang has no loader for the toy layout"
+    loaded = load_exported_drafter(out, target_path=target_dir)
+    assert (loaded.kind, loaded.source, loaded.target_layer_ids) == (TOY_KIND.name, "toy", LAYER_IDS["dspark"])
+    batch = random_batch("dspark")
+    want, got = drafter_outputs(drafter, batch), drafter_outputs(loaded.module, batch)
+    assert want.keys() == got.keys() and all(torch.equal(want[name], got[name]) for name in want)
 
 
 @pytest.mark.parametrize("head_type", ["gated", "rnn"])
@@ -345,6 +303,24 @@ def test_exporter_refuses_missing_tensor_or_field(tmp_path, target_dir, tensor, 
     assert not (tmp_path / "export").exists()
 
 
+def test_loader_refuses_a_confidence_head_without_markov_head(tmp_path, target_dir):
+    """The DSpark layout allows that head, no drafter kind has it: the loader refuses the export's config in one
+    line (it checks the export's own fields, it builds no recipe from them)."""
+    cfg = tiny_recipe("dflash", target_dir)
+    run = write_training_output(trained_drafter(cfg), cfg, tmp_path / "run")
+    out = export_drafter(run, target_dir, tmp_path / "export", dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["markov_rank"] == 0
+    config |= {"enable_confidence_head": True, "confidence_head_with_markov": False}
+    (out / "config.json").write_text(json.dumps(config))
+    state = load_file(str(out / "model.safetensors"))
+    state |= {"confidence_head.proj.weight": torch.zeros(1, HIDDEN), "confidence_head.proj.bias": torch.zeros(1)}
+    save_file(state, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="enable_confidence_head with markov_rank 0 does not load") as err:
+        load_exported_drafter(out, target_path=target_dir)
+    assert "\n" not in str(err.value)
+
+
 def test_validation_names_every_problem(tmp_path, target_dir):
     out, _ = exported_dspark(tmp_path, target_dir)
     loaded = load_exported_drafter(out)
@@ -371,7 +347,6 @@ def test_validation_names_every_problem(tmp_path, target_dir):
 
 # ---------------------------------------------------------------- Qwen3-8B plan on the meta device (serving layouts)
 
-QWEN3_8B = qwen3_reference_configs()["Qwen3-8B"]
 D, V, I, H, G, HD = 4096, 151936, 12288, 32, 8, 128
 
 
@@ -403,15 +378,6 @@ def formats_parallel(rank: int, confidence: bool, heads: bool) -> dict[str, tupl
     if confidence:
         shapes.update({"confidence_head.proj.weight": (1, D + rank), "confidence_head.proj.bias": (1,)})
     return shapes
-
-
-def meta_parallel(kind: str, labels: str = "dspark") -> LoadedDrafter:
-    rank, confidence = (256, True) if kind == "dspark" else (0, False)
-    cfg = DrafterConfig(kind=kind, num_layers=5, block_size=7, markov_rank=rank, confidence_head=confidence,
-                        labels=labels)
-    with torch.device("meta"):
-        module = ParallelDrafter(geometry_from_target_config(QWEN3_8B), cfg, REFERENCE_LAYER_IDS["Qwen3-8B"])
-    return LoadedDrafter(module, kind, 7, REFERENCE_LAYER_IDS["Qwen3-8B"], 151669, None, labels, "training")
 
 
 def plan_shapes(plan) -> dict[str, tuple]:

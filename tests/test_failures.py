@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.streaming_helpers import fail_one_rank_mid_run, recipe_overrides
+from tests.helpers.streaming_world import fail_one_rank_mid_run, recipe_overrides
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow
@@ -41,7 +41,6 @@ def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_wor
         assert "died" in line and "timed out" not in line, logs
 
 
-@pytest.mark.slow
 def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path) -> None:
     codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGSTOP)
     assert all(code not in (0, None) for code in codes), (codes, logs)
@@ -54,7 +53,6 @@ def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path)
         assert "target worker 0 (rank 0) died" not in line and "target worker 0 (rank 0), " not in line, logs
 
 
-@pytest.mark.slow
 def test_a_drafter_killed_in_the_all_reduce_is_named_by_the_other_drafter(streaming_world, tmp_path) -> None:
     codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGKILL, rank=2)
     assert all(code not in (0, None) for code in codes) and elapsed < TIMEOUT_S + 10, (codes, elapsed, logs)

@@ -10,7 +10,7 @@ import pytest
 from deepspec_train.config.rules import tensor_parallel_problems
 from deepspec_train.families.catalog import DEEPSEEK_V3, FAMILIES, GEMMA3, GPT_OSS, LLAMA3, QWEN3, family_of
 from deepspec_train.families.records import (
-    DSPARK, EAGLE3, ZLAB_DFLASH, dspark_layer_ids, eagle3_layer_ids, plus_one, plus_one_unless_last_boundary,
+    ALL_CAPTURES, BLOCK_CAPTURE, EAGLE3_CAPTURE, dspark_layer_ids, eagle3_layer_ids, plus_one, plus_one_unless_last_boundary,
     plus_one_when_first_is_one,
 )
 from deepspec_train.models.family_configs import family_reference_configs
@@ -59,11 +59,10 @@ def test_published_configs_keep_the_family_facts() -> None:
 
 
 def test_engine_facts_per_architecture() -> None:
-    everything = {DSPARK, ZLAB_DFLASH, EAGLE3}
     for family in (QWEN3, LLAMA3, GPT_OSS, DEEPSEEK_V3):
-        assert all(family.engines[e].layouts == everything for e in ("vllm", "sglang")), family.name
-    assert GEMMA3.engines["vllm"].layouts == frozenset() and GEMMA3.engines["sglang"].layouts == {EAGLE3}
-    assert "set_dflash_layers_to_capture" in GEMMA3.engines["sglang"].unserved(DSPARK)
+        assert all(family.engines[e].captures == ALL_CAPTURES for e in ("vllm", "sglang")), family.name
+    assert GEMMA3.engines["vllm"].captures == frozenset() and GEMMA3.engines["sglang"].captures == {EAGLE3_CAPTURE}
+    assert "set_dflash_layers_to_capture" in GEMMA3.engines["sglang"].unserved(BLOCK_CAPTURE)
     # SGLang's EAGLE-3 id rules, by brute force over every id list a 61-layer target can take.
     assert plus_one([1, 29, 57], 61) == [2, 30, 58]
     assert plus_one_when_first_is_one([1, 29, 57], 61) == [2, 30, 58]

@@ -35,20 +35,20 @@ from deepspec_train.export.production_plans import FAMILY_RECIPES, production_re
 from deepspec_train.families.catalog import family_of
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.trained_drafter import read_trained_drafter
-from deepspec_train.jobs.assembly import load_token_datasets, validation_share
+from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
 from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.jobs.run import run_training
-from deepspec_train.kinds.serving_layouts import layout_of_config
+from deepspec_train.kinds.layout_registry import layout_of_config
 from deepspec_train.models.scale_targets import scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.validation import load_recipe
-from tests.drafter_fixtures import drafter_outputs
-from tests.family_world import FAMILY_TIER, build_family_world
-from tests.scale_world import scale_overrides
-from tests.streaming_helpers import free_port, read_logs, start_ranks, step_losses, wait_all
-from tests.test_scale_tier import CHANGED_KEYS, _drop_final_checkpoint, _flat
+from tests.helpers.tiny_drafter import drafter_outputs
+from tests.helpers.family_world import FAMILY_TIER, build_family_world
+from tests.helpers.scale_world import scale_overrides
+from tests.helpers.streaming_world import free_port, read_logs, start_ranks, step_losses, wait_all
+from tests.helpers.scale_checks import CHANGED_KEYS, drop_final_checkpoint, flat_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 STREAMED_TIMEOUT_S = 1500
@@ -118,7 +118,7 @@ def _validation_batch(cfg):
     ctx = DistContext(0, 1, 0, torch.device("cpu"), None)
     rows = load_token_datasets(cfg, ctx)["validation"]
     tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
-    return validation_share(cfg, rows, tap, 0, 1, ctx.device).batches()[0]
+    return validation_pass(validation_plan(cfg, rows, 0, 1), chunk_builder(cfg, tap, ctx.device))()[0]
 
 
 @pytest.mark.parametrize("recipe", list(FAMILY_TIER))
@@ -126,11 +126,11 @@ def test_family_recipe_trains_exports_reloads_and_passes_the_engine_rules(recipe
                                                                           capsys) -> None:
     production = load_recipe(recipe, check_target=False)
     cfg = colocated(recipe)
-    original, scaled = _flat(config_to_dict(production)), _flat(config_to_dict(cfg))
+    original, scaled = flat_config(config_to_dict(production)), flat_config(config_to_dict(cfg))
     assert {key for key in original if original[key] != scaled[key]} <= CHANGED_KEYS
     run_dir = Path(cfg.run.output_dir)
     assert sorted(step_losses(run_dir)) == [1, 2]
-    _drop_final_checkpoint(run_dir)
+    drop_final_checkpoint(run_dir)
 
     target = cfg.target.path
     export_dir = run_dir.parent / "export"
@@ -175,5 +175,5 @@ def test_family_streamed_run_matches_colocated(recipe: str, colocated, streamed,
     got, expected = read_trained_drafter(remote / "drafter"), read_trained_drafter(local / "drafter")
     assert got.weights.keys() == expected.weights.keys()
     assert all(torch.equal(got.weights[name], expected.weights[name]) for name in expected.weights)
-    _drop_final_checkpoint(remote)
+    drop_final_checkpoint(remote)
     shutil.rmtree(remote.parent)

@@ -17,28 +17,23 @@ or fails in one line naming what is missing.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-from deepspec_train.config.loader import ConfigError
 from deepspec_train.config.rules import head_problems
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, stop_token_ids
 from deepspec_train.formats.drafter_loader import LoadedDrafter
-from deepspec_train.jobs.run import run_training
 from deepspec_train.kinds.builder import build_drafter, build_drafter_from_files
-from deepspec_train.losses.selected_logit_loss import selected_logit_loss
+from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRows, selected_logit_loss
 from deepspec_train.models.family_configs import gemma3_reference_configs
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.validation import load_recipe
-from tests.family_world import FAMILY_TIER, build_family_world
-from tests.scale_world import scale_overrides
+from tests.helpers.family_world import FAMILY_TIER, build_family_world
+from tests.helpers.scale_world import scale_overrides
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -83,8 +78,8 @@ def test_loss_logits_embeddings_and_greedy_decoding_are_the_targets(recipe: str,
     # Through the loss itself: a draft distribution equal to the HF logits (identity hidden, logits as the head).
     n = hidden.shape[0]
     labels = torch.tensor(ids[1:] + [ids[0]])
-    out = selected_logit_loss(torch.eye(n), hf_logits.T.contiguous(), hidden, lm_head, labels, torch.ones(n),
-                              alpha_ce=1.0, alpha_tv=1.0, alpha_conf=0.0, normalizer=float(n))
+    rows = SupervisedRows(torch.eye(n), hf_logits.T.contiguous(), hidden, lm_head, labels, torch.ones(n))
+    out = selected_logit_loss(rows, LossSettings(alpha_ce=1.0, alpha_tv=1.0, alpha_conf=0.0), float(n))
     reference_ce = torch.nn.functional.cross_entropy(hf_logits, labels)
     # float32 softmax rounding over the vocabulary only (another distribution gives a TV of order 0.1 - 1).
     assert float(out.tv_sum) / n < 1e-6

@@ -26,7 +26,7 @@ from deepspec_train.training.checkpoint import (
 )
 from deepspec_train.training.checkpoint_manifest import MANIFEST_FILE
 from deepspec_train.training.distributed import DistContext
-from tests.streaming_helpers import REPO, rank_env, recipe_overrides
+from tests.helpers.streaming_world import REPO, rank_env, recipe_overrides
 
 CTX = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), group=None)
 

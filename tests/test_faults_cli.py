@@ -1,9 +1,9 @@
 """Fault matrix, commands: the shared user-error report, ``deepspec regenerate`` (input = output, malformed
 responses, endpoint URLs) and ``deepspec eval`` on an empty suite.
 
-Regeneration talks to real HTTP servers on 127.0.0.1 (the scripted ones of ``test_regenerate``, which send
-malformed 200 responses on cue). The eval probes pass paths where no model exists: the refusal has to come
-before anything loads.
+Regeneration talks to real HTTP servers on 127.0.0.1 (the scripted ones of ``tests/helpers/regeneration.py``,
+which send malformed 200 responses on cue). The eval probes pass paths where no model exists: the refusal has to
+come before anything loads.
 """
 
 from __future__ import annotations
@@ -20,9 +20,7 @@ from deepspec_train.jobs.cli import main
 from deepspec_train.errors import UserError, exit_on_user_error, one_line
 from deepspec_train.regenerate.backend import GenerationError
 from deepspec_train.regenerate.http_backend import OpenAIChatBackend
-from tests.test_regenerate import SAMPLING, scripted, write_jsonl
-
-__all__ = ["scripted"]
+from tests.helpers.regeneration import SAMPLING, write_jsonl
 
 HI = [{"role": "user", "content": "hi"}]
 

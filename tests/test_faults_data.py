@@ -21,8 +21,8 @@ import pytest
 from deepspec_train.data import token_shards
 from deepspec_train.data.conversations import BadRow, DataSourceError, iter_records, read_conversations_jsonl
 from deepspec_train.jobs.entry import main as train_main
-from tests.chat_tokenizer import build_chat_tokenizer
-from tests.streaming_helpers import REPO, rank_env, recipe_overrides
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.streaming_world import REPO, rank_env, recipe_overrides
 
 ROW = {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello, how are you?"}]}
 LINE = json.dumps(ROW).encode()
@@ -36,8 +36,8 @@ def tokenizer(tmp_path_factory):
 
 
 def build(sources, tokenizer, cache, **kwargs):
-    return token_shards.build_token_dataset([str(s) for s in sources], tokenizer, 128, str(cache), progress=False,
-                                            **kwargs)
+    renderer = token_shards.ConversationRenderer(tokenizer, 128, None)
+    return token_shards.build_token_dataset([str(s) for s in sources], renderer, str(cache), progress=False, **kwargs)
 
 
 def write(path: Path, data: bytes) -> Path:

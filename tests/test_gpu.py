@@ -18,8 +18,9 @@ from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.run import run_training
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
-from tests.drafter_fixtures import BLOCK, MASK_ID, random_item, tiny_drafter
-from tests.streaming_helpers import recipe_overrides, run_ranks, step_losses
+from tests.helpers.tiny_geometry import BLOCK, MASK_ID
+from tests.helpers.tiny_drafter import random_item, tiny_drafter
+from tests.helpers.streaming_world import recipe_overrides, run_ranks, step_losses
 
 pytestmark = pytest.mark.gpu
 

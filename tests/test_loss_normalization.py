@@ -21,9 +21,10 @@ from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
 from deepspec_train.training.distributed import DistContext
-from deepspec_train.training.batch_loss import batch_loss
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.loss_normalizers import step_normalizers
-from tests.drafter_fixtures import BLOCK, HIDDEN, MASK_ID, VOCAB, drafter_config, random_item, tiny_drafter
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
+from tests.helpers.tiny_drafter import drafter_config, random_item, tiny_drafter
 
 NUM_SEQUENCES = 6
 LENGTHS = [40, 23, 61, 17, 35, 52]
@@ -54,10 +55,11 @@ def _step(cfg: RecipeConfig, indices: list[int], token_budget: int, ctx: DistCon
     items, anchors, head = _problem()
     model = tiny_drafter("dspark", seed=0).train()
     batches = pack_sequences([items[i] for i in indices], [anchors[i] for i in indices], BLOCK, token_budget, MASK_ID)
-    normalizer = step_normalizers(StepBatches.of(batches), cfg, model, ctx)
+    drafter_loss = DrafterLoss.for_recipe(cfg, head, "sdpa")
+    normalizer = step_normalizers(StepBatches.of(batches), drafter_loss, model, ctx)
     total = 0.0
     for batch in batches:
-        loss = batch_loss(model, batch, cfg, head, normalizer.rows(batch), "sdpa").loss.loss
+        loss = drafter_loss(model, batch, normalizer.rows(batch)).loss.loss
         loss.backward()
         total += float(loss.detach())
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -69,12 +71,13 @@ def test_sequence_loss_is_the_mean_of_per_sequence_weighted_means() -> None:
     loss, _ = _step(cfg, list(range(NUM_SEQUENCES)), 4096, _local_ctx())
     items, anchors, head = _problem()
     model = tiny_drafter("dspark", seed=0).train()
+    drafter_loss = DrafterLoss.for_recipe(cfg, head, "sdpa")
     expected = 0.0
     for item, item_anchors in zip(items, anchors):
         (batch,) = pack_sequences([item], [item_anchors], BLOCK, 4096, MASK_ID)
         if batch.num_supervised == 0:
             continue
-        weighted_sum = float(batch_loss(model, batch, cfg, head, 1.0, "sdpa").loss.loss.detach())
+        weighted_sum = float(drafter_loss(model, batch, 1.0).loss.loss.detach())
         slots = torch.arange(BLOCK).expand_as(batch.supervised_mask)[batch.supervised_mask]
         expected += weighted_sum / float(decay_weights(slots, cfg.loss.gamma_decay).sum())
     assert loss == pytest.approx(expected / NUM_SEQUENCES, rel=1e-5)

@@ -9,7 +9,8 @@ the target's own probabilities (cells with expected count below 5 pooled into on
 stronger check: it covers the accept, reject-and-resample and bonus paths of both rounds.
 
 The drafters are random, with a flattened output (final norm scaled down) so that drafts are often accepted
-and every path is exercised; EAGLE-3 uses a reduced draft vocabulary, so ``q`` is zero on some target tokens.
+and every path is exercised; EAGLE-3, and DSpark in one case, use a reduced draft vocabulary, so ``q`` is zero on
+some target tokens.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from scipy.stats import chisquare
 from deepspec_train.models.block_drafting import BlockDrafter, DraftBlock, DraftContext
 from deepspec_train.evaluation.speculative_decoder import verify_drafts
 from deepspec_train.target.hidden_states import TargetTap
-from tests.evaluator_fixtures import load_tiny_target, random_drafter
+from tests.helpers.chat_model_drafters import load_tiny_target, random_drafter
 
 NUM_SAMPLES = 20_000
 # Drafted tokens per round. Only the first two generated tokens are tested, and later drafts cannot change them,
@@ -107,23 +108,26 @@ def _chi_square_p(y1: torch.Tensor, y2: torch.Tensor, joint: torch.Tensor) -> fl
     return float(chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue)
 
 
-def _flattened_drafter(model, tokenizer, kind: str):
+def _flattened_drafter(model, tokenizer, kind: str, reduced_vocab: bool):
     vocab_size = model.config.vocab_size
-    loaded = random_drafter(model, tokenizer, kind, seed=3, draft_vocab_size=vocab_size * 3 // 4)
+    loaded = random_drafter(model, tokenizer, kind, seed=3, draft_vocab_size=vocab_size * 3 // 4 if reduced_vocab else None)
     with torch.no_grad():
         loaded.module.norm.weight.mul_(0.2)
     return loaded
 
 
-@pytest.mark.parametrize(("kind", "temperature"), [("dspark", 1.0), ("dflash", 0.7), ("eagle3", 1.0)])
-def test_first_two_tokens_follow_the_target(target, kind, temperature):
+@pytest.mark.parametrize(
+    ("kind", "temperature", "reduced_vocab"),
+    [("dspark", 1.0, False), ("dspark", 1.0, True), ("dflash", 0.7, False), ("eagle3", 1.0, True)],
+)
+def test_first_two_tokens_follow_the_target(target, kind, temperature, reduced_vocab):
     model, tokenizer = target
-    loaded = _flattened_drafter(model, tokenizer, kind)
+    loaded = _flattened_drafter(model, tokenizer, kind, reduced_vocab)
     ids = _prompt_ids(tokenizer)
     y1, y2, accepted = _first_two_tokens(model, loaded.block_drafter(), loaded.target_layer_ids, ids, temperature)
     # Both branches of the first round must be well exercised for the test to mean anything.
     rate = float((accepted > 0).double().mean())
     assert 0.05 < rate < 0.95
     p_value = _chi_square_p(y1, y2, _exact_joint(model, ids, temperature))
-    print(f"{kind} T={temperature}: first-round acceptance {rate:.3f}, p={p_value:.3f}")
+    print(f"{kind} T={temperature} reduced vocabulary {reduced_vocab}: first-round acceptance {rate:.3f}, p={p_value:.3f}")
     assert p_value > 0.01

@@ -10,19 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from deepspec_train.config.schema import RecipeConfig, TargetConfig
+from deepspec_train.config.schema import MARKOV_HEAD_TYPES, RecipeConfig, TargetConfig
 from deepspec_train.models.block_drafting import DraftContext, ParallelBlockDrafter
 from deepspec_train.losses.position_weights import decay_weights
-from deepspec_train.losses.selected_logit_loss import selected_logit_loss
+from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRows, selected_logit_loss
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
-from tests.drafter_fixtures import (
-    BLOCK, HIDDEN, LAYER_IDS, MASK_ID, TINY_GEOMETRY, VOCAB, anchor_batch, drafter_config, random_item, tiny_drafter,
-    use_dynamic_rope,
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY, VOCAB
+from tests.helpers.tiny_drafter import (
+    LAYER_IDS, anchor_batch, drafter_config, random_item, tiny_drafter, use_dynamic_rope,
 )
-from tests.loss_reference import reference_loss
+from tests.helpers.reference_loss import reference_loss
 
 RANK = 8
 
@@ -65,7 +65,7 @@ def _random_heads(model: ParallelDrafter) -> ParallelDrafter:
     return model
 
 
-@pytest.mark.parametrize("head_type", ["vanilla", "gated", "rnn"])
+@pytest.mark.parametrize("head_type", MARKOV_HEAD_TYPES)
 def test_latents_follow_the_written_out_formulas(head_type: str) -> None:
     model = _random_heads(tiny_drafter("dspark", markov_head_type=head_type))
     batch = _batch()
@@ -113,8 +113,10 @@ def test_loss_gradients_through_the_latents_match_the_brute_force_reference(head
                       conf_logits=out.conf_logits, distance="l1", normalizer=float(batch.num_supervised))
         labels = batch.labels[batch.supervised_mask]
         if loss_fn is selected_logit_loss:
-            loss = loss_fn(out.hidden, model.lm_head.weight, batch.target_hidden, target_head, labels, weights,
-                           chunk_size=7, **kwargs).loss
+            rows = SupervisedRows(out.hidden, model.lm_head.weight, batch.target_hidden, target_head, labels, weights,
+                                  markov_rows=out.markov_rows, markov_w2=model.markov_head.markov_w2.weight,
+                                  conf_logits=out.conf_logits)
+            loss = loss_fn(rows, LossSettings(distance="l1", chunk_size=7), float(batch.num_supervised)).loss
         else:
             loss = loss_fn(out.hidden, model.lm_head.weight, batch.target_hidden, target_head, labels, weights,
                            **kwargs)["loss"]

@@ -1,5 +1,5 @@
 """Mixture-of-experts targets through the whole pipeline, on the random-weight scale model of Qwen3-30B-A3B
-(``tests/moe_world.py``: 48 decoder layers, 151,936-token vocabulary, 128 experts routing 8 per token, widths
+(``tests/helpers/moe_world.py``: 48 decoder layers, 151,936-token vocabulary, 128 experts routing 8 per token, widths
 shrunk) and the ``qwen3-30b-a3b`` recipe's production settings (taps 1, 12, 23, 34, 45, block 7, mask id 151669,
 512 anchors; EAGLE-3: taps [1, L//2-1, L-4] and a 32,000-token draft vocabulary).
 
@@ -28,7 +28,7 @@ from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 from deepspec_train.target.hidden_states import TargetTap
-from tests.moe_world import MOE_REFERENCE
+from tests.helpers.moe_world import MOE_REFERENCE, moe_overrides
 
 PROMPT = "What is two plus three?"
 MAX_NEW = 8
@@ -42,21 +42,6 @@ KIND_OVERRIDES = {
 }
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def moe_overrides(world: dict[str, str], out: Path, **extra) -> list[str]:
-    """``qwen3-30b-a3b`` overrides: the scale target and the test conversations, a few fast colocated steps."""
-    values = {
-        "target.path": world["target"], "target.dtype": "float32",
-        "data.train": f"[{world['train']}]", "data.validation": f"[{world['validation']}]",
-        "data.cache_dir": world["cache"], "data.max_length": 96, "data.num_workers": 0,
-        "train.max_steps": 1, "train.global_batch_sequences": 2, "train.micro_batch_sequences": 2,
-        "train.eval_every": 1, "train.eval_sequences": 2, "train.checkpoint_every": 1000,
-        "train.mixed_precision": "'no'", "loss.chunk_size": 256, "topology.target_workers": 0,
-        "logging.wandb": "false", "logging.progress": "false", "logging.log_every": 1, "run.output_dir": str(out),
-    }
-    values.update(extra)
-    return [f"{k}={v}" for k, v in values.items()]
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,8 @@ from deepspec_train.packing.packer import (
     pack_sequences,
     plan_micro_batches,
 )
-from tests.drafter_fixtures import BLOCK, MASK_ID, random_item, random_loss_mask, tiny_drafter
-
-# Eager flex_attention (the CPU test path) warns that it is unfused; that is expected here.
-pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+from tests.helpers.tiny_geometry import BLOCK, MASK_ID
+from tests.helpers.tiny_drafter import random_item, random_loss_mask, tiny_drafter
 
 
 def _items_and_anchors(seed: int, lengths=(40, 23, 57, 31), num_anchors: int = 6):

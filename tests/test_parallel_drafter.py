@@ -13,17 +13,8 @@ from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.models.qwen3_layers import RotaryEmbedding, apply_rotary
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
-from tests.drafter_fixtures import (
-    BLOCK,
-    HIDDEN,
-    LAYER_IDS,
-    MASK_ID,
-    TINY_GEOMETRY,
-    VOCAB,
-    drafter_config,
-    random_item,
-    tiny_drafter,
-)
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY, VOCAB
+from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item, tiny_drafter
 
 
 def _batch(seed: int = 0, lengths=(23, 31, 17)):

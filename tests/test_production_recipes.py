@@ -41,6 +41,7 @@ from deepspec_train.sizing import (
     target_flops_per_sequence,
     target_total_params,
 )
+from tests.helpers.tiny_geometry import tiny_qwen3_config
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"4b": "Qwen3-4B", "8b": "Qwen3-8B", "14b": "Qwen3-14B"}
@@ -223,8 +224,8 @@ def _counted_flops(model, seq_len: int) -> int:
 def test_target_flops_match_flop_counter() -> None:
     """Matmul FLOPs exactly as torch counts them (eager attention, so the score and value products are explicit
     batched matmuls)."""
-    hf_config = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=8, vocab_size=64, attn_implementation="eager")
+    hf_config = tiny_qwen3_config(intermediate_size=64, num_hidden_layers=2, head_dim=8, vocab_size=64,
+                                  attn_implementation="eager")
     assert target_flops_per_sequence(hf_config, 24) == _counted_flops(Qwen3ForCausalLM(hf_config).eval(), 24)
 
 

@@ -14,7 +14,7 @@ from deepspec_train.jobs.cli import main
 from deepspec_train.export.engine_files import check_sps, read_sps, strict_json_loads
 from deepspec_train.scheduling.profile_sps import measure_batch_size, monotone_speeds, profile_target, step_shape
 from deepspec_train.scheduling.sps_table import SPSTable
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,14 @@ from deepspec_train.calibration.heldout import conditional_auroc_bound, held_out
 from deepspec_train.calibration.temperature_scaling import sequential_temperature_scaling
 from deepspec_train.validation import load_recipe
 from deepspec_train.evaluation.paired_bootstrap import bootstrap_mean, bootstrap_tau_ratios, prompt_totals
-from bench.quality_harness import (
-    BenchDrafter, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,
+from deepspec_train.evaluation.drafter_comparison import (
+    BenchDrafter, DecodeSettings, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,
 )
 from deepspec_train.evaluation.suites import Suite, SuitePrompt
 from deepspec_train.formats.eval_traces import TraceRound, parse_round
 from deepspec_train.metrics.calibration import auroc, ece
-from tests.evaluator_fixtures import load_tiny_target, random_drafter
-from tests.test_recipe_rules import world_overrides
+from tests.helpers.chat_model_drafters import load_tiny_target, random_drafter
+from tests.helpers.tiny_world_overrides import world_overrides
 
 
 def _exhaustive(a, b) -> np.ndarray:
@@ -125,9 +125,10 @@ def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) ->
     suites = [Suite("code", (SuitePrompt("c1", "code", ("def f(x):",)), SuitePrompt("c2", "code", ("import os",)))),
               Suite("prose", (SuitePrompt("p1", "prose", ("Tell me about",)),))]
     conversations: dict = {}
-    rows = decode_interleaved(target, tokenizer, drafters, suites, 1.0, [0, 1], 12, False, conversations)
+    settings = DecodeSettings(1.0, (0, 1), 12)
+    rows = decode_interleaved(target, tokenizer, drafters, suites, settings, False, conversations)
     assert {name: len(c) for name, c in conversations.items()} == {"dspark": 6, "dflash": 6, "eagle3": 6}
-    alone = decode_interleaved(target, tokenizer, drafters[2:], suites, 1.0, [0, 1], 12, progress=False)
+    alone = decode_interleaved(target, tokenizer, drafters[2:], suites, settings, progress=False)
     untimed = [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in rows["eagle3"]]
     assert untimed == [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in alone["eagle3"]]
     assert {r.seed for r in rows["dspark"]} == {0, 1}

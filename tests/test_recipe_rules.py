@@ -4,7 +4,6 @@ allowed. One case per rule; each case starts from a valid tiny recipe pointed at
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,21 +15,9 @@ import pytest
 from deepspec_train.config.loader import ConfigError
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
+from tests.helpers.tiny_world_overrides import LAYER_IDS, world_overrides
 
 REPO = Path(__file__).resolve().parents[1]
-# The `test` preset's target has 2 decoder layers (taps from layer 0 only) and a 512-token vocabulary.
-LAYER_IDS = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]"}
-
-
-def world_overrides(tiny_world: Path, recipe: str, tmp_path: Path) -> list[str]:
-    mask_id = json.loads((tiny_world / "build_report.json").read_text())["mask_token_id"]
-    return [
-        f"target.path={tiny_world / 'target'}",
-        f"target.layer_ids={LAYER_IDS[recipe]}",
-        f"data.train=[{tiny_world / 'conversations' / 'train.jsonl'}]",
-        f"drafter.mask_token_id={mask_id}",
-        f"run.output_dir={tmp_path / 'run'}",
-    ]
 
 
 def test_the_base_recipes_are_valid(tiny_world: Path, tmp_path: Path) -> None:

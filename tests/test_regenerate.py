@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,9 +21,8 @@ from deepspec_train.regenerate.local_backend import LocalBackend
 from deepspec_train.regenerate.openai_server import serve
 from deepspec_train.regenerate.runner import plan_turns, read_finished_ids, regenerate_file
 from deepspec_train.regenerate.sampling import SamplingParams
-from tests.tiny_random_model import save_tiny_chat_model
-
-SAMPLING = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, max_new_tokens=6)
+from tests.helpers.regeneration import SAMPLING, write_jsonl
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 PROMPT_ROWS = [
     {
@@ -66,11 +64,6 @@ def server(model_dir: str):
     server.shutdown()
     server.server_close()
     thread.join(timeout=5)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -236,59 +229,6 @@ def test_failed_rows_are_counted_not_written_and_retried(tmp_path: Path) -> None
 
 
 # --------------------------------------------------------------------------------------- retries, round-robin
-
-
-class ScriptedServer(ThreadingHTTPServer):
-    """Answers POSTs with the next entry of ``script`` (then 200s), recording each request body. An entry is an
-    HTTP status, or raw bytes sent as the body of a 200 (a malformed response)."""
-
-    daemon_threads = True
-
-    def __init__(self, script: list[int | bytes], answer: str) -> None:
-        super().__init__(("127.0.0.1", 0), ScriptedHandler)
-        self.script, self.answer, self.bodies = list(script), answer, []
-        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-        self.thread.start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
-
-
-class ScriptedHandler(BaseHTTPRequestHandler):
-    server: ScriptedServer
-
-    def log_message(self, format, *args) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        self.server.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        status = self.server.script.pop(0) if self.server.script else 200
-        body = {"choices": [{"message": {"role": "assistant", "content": self.server.answer}}]}
-        data = json.dumps(body if status == 200 else {"error": {"message": "scripted"}}).encode()
-        if isinstance(status, bytes):
-            status, data = 200, status
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
-@pytest.fixture
-def scripted():
-    started: list[ScriptedServer] = []
-
-    def start(script: list[int | bytes], answer: str = "fine") -> ScriptedServer:
-        started.append(ScriptedServer(script, answer))
-        return started[-1]
-
-    yield start
-    for s in started:
-        s.stop()
 
 
 def test_retry_after_503_goes_round_robin_over_endpoints(scripted) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepspec_train.training.checkpoint import list_checkpoints
-from tests.streaming_helpers import recipe_overrides, run_ranks, step_losses
+from tests.helpers.streaming_world import recipe_overrides, run_ranks, step_losses
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow

@@ -25,28 +25,8 @@ from deepspec_train.models.draft_vocab import build_draft_vocab
 from deepspec_train.models.geometry import check_target_rope, geometry_from_target_config
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.models.qwen3_layers import RotaryEmbedding
-from tests.test_export import random_batch, tiny_recipe, trained_drafter, write_training_output
-
-HEAD_DIM, MAX_POS = 16, 64
-SCALINGS = {
-    "default": {"rope_type": "default"},
-    "linear": {"rope_type": "linear", "factor": 4.0},
-    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
-    "yarn-explicit": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 16,
-                      "attention_factor": 1.25, "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False},
-    "yarn-mscale": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 0.7,
-                    "mscale_all_dim": 0.5},
-    "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32},
-}
-
-
-def scaled_config(name: str, **extra) -> Qwen3Config:
-    params = {"rope_theta": 10000.0, **SCALINGS[name]}
-    return Qwen3Config(hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=HEAD_DIM,
-                       intermediate_size=96, num_hidden_layers=4, vocab_size=97, max_position_embeddings=MAX_POS,
-                       rope_parameters=params, **extra)
+from tests.helpers.scaled_rope_targets import HEAD_DIM, MAX_POS, SCALINGS, scaled_config
+from tests.helpers.trained_drafters import random_batch, tiny_recipe, trained_drafter, write_training_output
 
 
 def transformers_cos_sin(config: Qwen3Config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

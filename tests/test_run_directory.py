@@ -17,8 +17,9 @@ from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.run_directory import (
     IDENTITY_FILE, claim_output_dir, identity_fields, output_dir_problems, set_aside_metrics_after,
 )
-from tests.test_recipe_rules import world_overrides
-from tests.test_train_tinyworld import REPO, overrides
+from tests.helpers.tiny_world_overrides import training_overrides, world_overrides
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _cfg(tiny_world: Path, tmp_path: Path, *extra: str):
@@ -115,7 +116,7 @@ def test_overwrite_with_resume_is_a_recipe_error(tiny_world, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_second_fresh_run_is_refused_and_the_first_kept(tiny_world, tmp_path) -> None:
-    args = ["recipe=tiny-dspark", *overrides(tiny_world, "tiny-dspark", tmp_path, steps=2)]
+    args = ["recipe=tiny-dspark", *training_overrides(tiny_world, "tiny-dspark", tmp_path, steps=2)]
     first = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-3000:]
     metrics = (tmp_path / "run" / "metrics.jsonl").read_text()

@@ -1,21 +1,22 @@
 """Scale-model tier: every production recipe trains, exports, reloads and passes the serving engines' rules on a
 random-weight copy of its target that keeps the target's whole architecture except its widths.
 
-For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, in ``tests/scale_world.py``):
+For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, in
+``tests/helpers/scale_world.py``):
 
 - the target is the scale copy of ``deepspec_train.models.scale_targets`` (``Qwen3ForCausalLM``, 36 / 36 / 40
   decoder layers, vocabulary 151,936, Qwen3's special ids, 32/8, 32/8, 40/8 query/KV heads, head_dim * heads /
   hidden 1.6 / 1.0 / 1.0, tied embeddings for 4B, the published RoPE; head_dim 4, so hidden 80 / 128 / 160),
   saved with ``save_pretrained`` and loaded with ``from_pretrained``, with a tokenizer laid out like Qwen3's
-  (``tests/qwen3_tokenizer.py``) loaded through ``AutoTokenizer``; the conversations go through the real data path
-  (chat template with thinking off, loss mask, token shards);
+  (``tests/helpers/qwen3_tokenizer.py``) loaded through ``AutoTokenizer``; the conversations go through the real
+  data path (chat template with thinking off, loss mask, token shards);
 - the recipe changes only in paths, sizes and step count (checked key by key against the recipe file), so its
   taps, block size 7, 512 anchors per sequence, Markov rank 256, mask id 151669, draft vocabulary 32,000, loss
   weights, target dtype bf16 and learning-rate schedule are the production ones;
 - it trains 2 steps colocated (in this process) and 2 steps streamed: 1 target worker + 1 drafter worker, two real
   processes over gloo going through ``train.py``'s entry; all nine streamed runs share one launch of the two
-  processes (``tests/scale_streamed_ranks.py``) to pay the interpreter start-up once, and run while the colocated
-  runs do. Per-step losses and the final weights of both modes are equal;
+  processes (``tests/helpers/scale_streamed_ranks.py``) to pay the interpreter start-up once, and run while the
+  colocated runs do. Per-step losses and the final weights of both modes are equal;
 - ``deepspec export`` writes its default layout, the loader reloads it, and the reloaded module's slot logits (and
   DSpark confidences) on a validation batch of real target features equal the trained module's (at the export's
   bf16 weights);
@@ -54,36 +55,30 @@ from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.export.engine_rules import ENGINES, EngineRuleError, check_export_dir
-from deepspec_train.kinds.serving_layouts import layout_of_config
+from deepspec_train.export.engine_rules import EngineRuleError, check_export_dir
+from deepspec_train.kinds.engine_reading import ENGINES
+from deepspec_train.kinds.layout_registry import layout_of_config
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter
-from deepspec_train.jobs.assembly import load_token_datasets, validation_share
+from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, SCALE_TARGETS, scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
-from tests.drafter_fixtures import drafter_outputs
-from tests.qwen3_tokenizer import QWEN3_TOKEN_IDS
-from tests.scale_world import (
+from tests.helpers.tiny_drafter import drafter_outputs
+from tests.helpers.qwen3_tokenizer import QWEN3_TOKEN_IDS
+from tests.helpers.scale_checks import CHANGED_KEYS, drop_final_checkpoint, flat_config
+from tests.helpers.scale_world import (
     SCALE_TIER, TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, build_scale_world, scale_overrides,
 )
-from tests.streaming_helpers import free_port, read_logs, start_ranks, step_losses, wait_all
+from tests.helpers.streaming_world import free_port, read_logs, start_ranks, step_losses, wait_all
 
 # One intra-op thread here, as in the streamed ranks: the colocated and streamed runs then reduce in the same order
 # and their final weights are bit-identical, not only their losses.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
-# The recipe keys the tier may change: paths, sizes, step count, the logging of a test run, and the topology: one
-# target worker without a tensor-parallel group (groups are tested in test_target_groups.py).
-CHANGED_KEYS = {
-    "target.path", "data.train", "data.validation", "data.cache_dir", "data.max_length", "data.num_workers",
-    "train.max_steps", "train.global_batch_sequences", "train.eval_every", "train.eval_sequences",
-    "logging.wandb", "logging.progress", "logging.log_every", "run.output_dir", "topology.target_workers",
-    "topology.target_tp",
-}
 # Config entries that record where and how a config was saved, not the architecture.
 SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
 STREAMED_TIMEOUT_S = 900
@@ -138,7 +133,7 @@ def streamed_launch(scale_root: Path, scale_worlds: dict):
     runs_file = scale_root / "streamed_runs.json"
     runs_file.write_text(json.dumps(runs))
     log_dir = scale_root / "streamed_logs"
-    launch = StreamedLaunch(start_ranks(["-m", "tests.scale_streamed_ranks", str(runs_file)], 2, log_dir),
+    launch = StreamedLaunch(start_ranks(["-m", "tests.helpers.scale_streamed_ranks", str(runs_file)], 2, log_dir),
                             outputs, log_dir)
     yield launch
     launch.stop()
@@ -160,24 +155,6 @@ def colocated_runs(scale_root: Path, scale_worlds: dict):
         return done[recipe]
 
     return run
-
-
-def _drop_final_checkpoint(run_dir: Path) -> None:
-    """The run ends with a checkpoint (weights + Adam state: about 0.9 GB for a DSpark drafter's V x r Markov
-    factors); the tier checks it was written, then frees the disk."""
-    final = run_dir / "checkpoints" / "step_00000002"
-    assert (final / "trainer_state.json").is_file()
-    shutil.rmtree(final)
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def test_tier_covers_every_production_recipe() -> None:
@@ -224,7 +201,7 @@ def _validation_batch(cfg):
     assert (len(datasets["train"]), len(datasets["validation"])) == (TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS)
     rows = datasets["validation"]
     tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
-    return validation_share(cfg, rows, tap, 0, 1, ctx.device).batches()[0]
+    return validation_pass(validation_plan(cfg, rows, 0, 1), chunk_builder(cfg, tap, ctx.device))()[0]
 
 
 @pytest.mark.parametrize("recipe", list(SCALE_TIER))
@@ -235,10 +212,10 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
     production = load_recipe(recipe, check_target=False)
     cfg = colocated_runs(recipe)
     run_dir = Path(cfg.run.output_dir)
-    original, scaled = _flat(config_to_dict(production)), _flat(config_to_dict(cfg))
+    original, scaled = flat_config(config_to_dict(production)), flat_config(config_to_dict(cfg))
     assert {key for key in original if original[key] != scaled[key]} <= CHANGED_KEYS
     assert sorted(step_losses(run_dir)) == [1, 2]
-    _drop_final_checkpoint(run_dir)
+    drop_final_checkpoint(run_dir)
 
     target = cfg.target.path
     export_dir = run_dir.parent / "export"
@@ -294,7 +271,7 @@ def test_streamed_run_matches_colocated(recipe: str, colocated_runs, streamed_la
     got, expected = read_trained_drafter(streamed / "drafter"), read_trained_drafter(colocated / "drafter")
     assert got.weights.keys() == expected.weights.keys()
     assert all(torch.equal(got.weights[name], expected.weights[name]) for name in expected.weights)
-    _drop_final_checkpoint(streamed)
+    drop_final_checkpoint(streamed)
     # Both runs and the export passed every check: free the recipe's ~1 GB of DSpark drafter files.
     shutil.rmtree(streamed.parent)
 
@@ -314,7 +291,7 @@ def test_sequential_markov_heads_export_for_sglang_only(head_type: str, scale_ro
     cfg = load_recipe(recipe, scale_overrides(world, run_dir / "colocated", **extra))
     assert run_training(cfg).steps == 2
     trained_dir = Path(cfg.run.output_dir)
-    _drop_final_checkpoint(trained_dir)
+    drop_final_checkpoint(trained_dir)
     export_dir = run_dir / "export"
     argv = ["export", "--drafter", str(trained_dir / "drafter"), "--target", cfg.target.path, "--out", str(export_dir)]
     assert deepspec(argv) == 0

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from deepspec_train.losses import decay_weights, selected_logit_loss
-from tests.loss_reference import reference_loss
+from deepspec_train.losses import LossOutput, LossSettings, SupervisedRows, decay_weights, selected_logit_loss
+from tests.helpers.reference_loss import reference_loss
 
 N, D, DT, R, V, VD = 11, 8, 6, 5, 50, 23
 DIFFERENTIABLE = ("draft_hidden", "draft_head_weight", "markov_rows", "markov_w2", "conf_logits")
+SETTINGS = {f.name for f in fields(LossSettings)}
 
 
 def make_problem(
@@ -47,6 +49,14 @@ def make_problem(
     return p
 
 
+def chunked(normalizer: float | torch.Tensor | None = None, **arguments) -> LossOutput:
+    """The loss under test, called with the reference's flat keyword arguments: the tensors go into
+    ``SupervisedRows``, the knobs into ``LossSettings``."""
+    settings = {k: v for k, v in arguments.items() if k in SETTINGS}
+    tensors = {k: v for k, v in arguments.items() if k not in SETTINGS}
+    return selected_logit_loss(SupervisedRows(**tensors), LossSettings(**settings), normalizer)
+
+
 def fresh(problem: dict) -> dict:
     """Independent leaf copies, so each implementation gets its own .grad."""
     return {k: v.detach().clone().requires_grad_(v.requires_grad) if v.is_floating_point() else v
@@ -60,7 +70,7 @@ def grads_of(inputs: dict) -> dict:
 def run_both(problem: dict, **kwargs) -> tuple:
     chunk_size = kwargs.pop("chunk_size", 4)
     mine_in, ref_in = fresh(problem), fresh(problem)
-    mine = selected_logit_loss(**mine_in, chunk_size=chunk_size, **kwargs)
+    mine = chunked(**mine_in, chunk_size=chunk_size, **kwargs)
     ref = reference_loss(**ref_in, **kwargs)
     mine.loss.backward()
     ref["loss"].backward()
@@ -133,7 +143,7 @@ def test_l1_is_twice_tv_in_loss_and_gradient() -> None:
     outs, grads = {}, {}
     for distance in ("tv", "l1"):
         inputs = fresh(problem)
-        outs[distance] = selected_logit_loss(**inputs, alpha_ce=0.0, distance=distance, chunk_size=4)
+        outs[distance] = chunked(**inputs, alpha_ce=0.0, distance=distance, chunk_size=4)
         outs[distance].loss.backward()
         grads[distance] = grads_of(inputs)
     torch.testing.assert_close(outs["l1"].loss, 2 * outs["tv"].loss)
@@ -152,8 +162,8 @@ def test_per_row_normalizer_matches_brute_force(distance: str) -> None:
 
 def test_constant_per_row_normalizer_equals_scalar() -> None:
     problem = make_problem(markov=True, conf=True, seed=14)
-    scalar = selected_logit_loss(**fresh(problem), normalizer=7.5, chunk_size=4)
-    rows = selected_logit_loss(**fresh(problem), normalizer=torch.full((N,), 7.5, dtype=torch.float64), chunk_size=4)
+    scalar = chunked(**fresh(problem), normalizer=7.5, chunk_size=4)
+    rows = chunked(**fresh(problem), normalizer=torch.full((N,), 7.5, dtype=torch.float64), chunk_size=4)
     torch.testing.assert_close(rows.loss, scalar.loss)
 
 
@@ -165,13 +175,13 @@ def test_joint_confidence_gradient_reaches_the_features() -> None:
     head_w = torch.randn(D + R, generator=g, dtype=torch.float64)
     head_b = torch.randn((), generator=g, dtype=torch.float64)
     results = []
-    for loss_fn in (selected_logit_loss, reference_loss):
+    for loss_fn in (chunked, reference_loss):
         inputs = fresh(problem)
         w, b = head_w.clone().requires_grad_(), head_b.clone().requires_grad_()
         conf = torch.cat([inputs["draft_hidden"], inputs["markov_rows"]], dim=-1) @ w + b
-        kwargs = {"chunk_size": 3} if loss_fn is selected_logit_loss else {}
+        kwargs = {"chunk_size": 3} if loss_fn is chunked else {}
         out = loss_fn(**inputs, conf_logits=conf, distance="l1", **kwargs)
-        (out.loss if loss_fn is selected_logit_loss else out["loss"]).backward()
+        (out.loss if loss_fn is chunked else out["loss"]).backward()
         results.append((inputs, w.grad, b.grad))
     (mine_in, mine_w, mine_b), (ref_in, ref_w, ref_b) = results
     for name in ("draft_hidden", "markov_rows", "markov_w2", "draft_head_weight"):
@@ -182,10 +192,10 @@ def test_joint_confidence_gradient_reaches_the_features() -> None:
 
 def test_frozen_head_gets_no_gradient_trainable_head_does() -> None:
     frozen = fresh(make_problem(markov=True))
-    selected_logit_loss(**frozen, chunk_size=3).loss.backward()
+    chunked(**frozen, chunk_size=3).loss.backward()
     assert frozen["draft_head_weight"].grad is None
     trainable = fresh(make_problem(markov=True, trainable_head=True))
-    selected_logit_loss(**trainable, chunk_size=3).loss.backward()
+    chunked(**trainable, chunk_size=3).loss.backward()
     assert trainable["draft_head_weight"].grad is not None
     assert trainable["draft_head_weight"].grad.abs().sum() > 0
 
@@ -193,7 +203,7 @@ def test_frozen_head_gets_no_gradient_trainable_head_does() -> None:
 def test_float32_inputs_match_float64_reference() -> None:
     problem = make_problem(markov=True, conf=True, trainable_head=True, seed=4)
     mine_in = fresh({k: v.float() if v.is_floating_point() else v for k, v in problem.items()})
-    mine = selected_logit_loss(**mine_in, chunk_size=3)
+    mine = chunked(**mine_in, chunk_size=3)
     mine.loss.backward()
     ref_in = fresh(problem)
     ref = reference_loss(**ref_in)
@@ -205,7 +215,7 @@ def test_float32_inputs_match_float64_reference() -> None:
 def test_bfloat16_inputs_give_fp32_loss_and_input_dtype_gradients() -> None:
     problem = make_problem(markov=True, conf=True, trainable_head=True, seed=5)
     inputs = fresh({k: v.bfloat16() if v.is_floating_point() else v for k, v in problem.items()})
-    out = selected_logit_loss(**inputs, chunk_size=4)
+    out = chunked(**inputs, chunk_size=4)
     out.loss.backward()
     ref = reference_loss(**fresh({k: v.bfloat16().double() if v.is_floating_point() else v
                                    for k, v in problem.items()}))
@@ -219,7 +229,7 @@ def test_c_star_is_one_minus_tv() -> None:
     for draft_vocab in (False, True):
         problem = make_problem(markov=True, draft_vocab=draft_vocab, seed=6)
         problem["weights"] = torch.ones(N, dtype=torch.float64)
-        out = selected_logit_loss(**fresh(problem), chunk_size=5)
+        out = chunked(**fresh(problem), chunk_size=5)
         ref = reference_loss(**fresh(problem))
         torch.testing.assert_close(out.c_star, 1.0 - torch.tensor(ref["tv"]), rtol=1e-5, atol=1e-9,
                                    check_dtype=False)
@@ -231,7 +241,7 @@ def test_identical_models_have_zero_tv_and_full_coverage() -> None:
     problem = make_problem(seed=7)
     problem["target_hidden"] = problem["draft_hidden"].detach().clone()
     problem["target_head_weight"] = problem["draft_head_weight"].detach().clone()
-    out = selected_logit_loss(**fresh(problem), chunk_size=4)
+    out = chunked(**fresh(problem), chunk_size=4)
     torch.testing.assert_close(out.c_star, torch.ones(N), rtol=0, atol=1e-12, check_dtype=False)
     assert float(out.tv_sum) < 1e-10
     assert torch.equal(out.draft_correct, out.target_correct)
@@ -240,17 +250,17 @@ def test_identical_models_have_zero_tv_and_full_coverage() -> None:
 def test_labels_outside_draft_vocabulary_are_counted_and_skip_ce() -> None:
     problem = make_problem(draft_vocab=True, seed=8)
     in_vocab = torch.isin(problem["labels"], problem["draft_to_target"])
-    out = selected_logit_loss(**fresh(problem), chunk_size=4)
+    out = chunked(**fresh(problem), chunk_size=4)
     assert out.num_label_outside_draft_vocab == int((~in_vocab).sum()) > 0
     only_outside = dict(problem, weights=(~in_vocab).double())
-    assert float(selected_logit_loss(**fresh(only_outside)).ce_sum) == 0.0
+    assert float(chunked(**fresh(only_outside)).ce_sum) == 0.0
 
 
 def test_gradient_scales_with_upstream_gradient() -> None:
     problem = make_problem(markov=True, conf=True, trainable_head=True, seed=9)
     once, twice = fresh(problem), fresh(problem)
-    selected_logit_loss(**once, chunk_size=4).loss.backward()
-    (2.5 * selected_logit_loss(**twice, chunk_size=4).loss).backward()
+    chunked(**once, chunk_size=4).loss.backward()
+    (2.5 * chunked(**twice, chunk_size=4).loss).backward()
     for name in DIFFERENTIABLE:
         torch.testing.assert_close(twice[name].grad, 2.5 * once[name].grad)
 
@@ -258,7 +268,7 @@ def test_gradient_scales_with_upstream_gradient() -> None:
 def test_no_grad_mode_returns_plain_value() -> None:
     problem = make_problem(markov=True, conf=True)
     with torch.no_grad():
-        out = selected_logit_loss(**fresh(problem))
+        out = chunked(**fresh(problem))
     assert out.loss.grad_fn is None
     ref = reference_loss(**fresh(problem))
     torch.testing.assert_close(out.loss, ref["loss"].detach().float(), rtol=1e-5, atol=0, check_dtype=False)
@@ -267,7 +277,7 @@ def test_no_grad_mode_returns_plain_value() -> None:
 def test_empty_batch() -> None:
     problem = make_problem(markov=True, conf=True, n=0)
     inputs = fresh(problem)
-    out = selected_logit_loss(**inputs)
+    out = chunked(**inputs)
     out.loss.backward()
     assert float(out.loss.detach()) == 0.0 and out.c_star.shape == (0,)
     assert inputs["draft_hidden"].grad.shape == (0, D)
@@ -293,7 +303,7 @@ def test_logits_exist_only_per_chunk_in_forward_and_backward() -> None:
     problem = make_problem(markov=True, conf=True, trainable_head=True, n=n, seed=10)
     inputs = fresh(problem)
     with _ShapeRecorder() as recorder:
-        selected_logit_loss(**inputs, chunk_size=chunk).loss.backward()
+        chunked(**inputs, chunk_size=chunk).loss.backward()
     weight_like = {D, DT, R}
     vocab_by_positions = [s for s in recorder.shapes if len(s) == 2 and V in s and not weight_like & set(s)]
     assert vocab_by_positions, "recorder saw no logits at all"
@@ -318,16 +328,16 @@ def test_decay_weights_formula() -> None:
 def test_rejects_bad_inputs() -> None:
     problem = make_problem()
     with pytest.raises(ValueError, match="chunk_size"):
-        selected_logit_loss(**problem, chunk_size=0)
+        chunked(**problem, chunk_size=0)
     with pytest.raises(ValueError, match="draft_to_target"):
-        selected_logit_loss(**dict(problem, draft_head_weight=problem["draft_head_weight"][:VD]))
+        chunked(**dict(problem, draft_head_weight=problem["draft_head_weight"][:VD]))
     with pytest.raises(ValueError, match="markov"):
-        selected_logit_loss(**problem, markov_rows=torch.zeros(N, R, dtype=torch.float64))
+        chunked(**problem, markov_rows=torch.zeros(N, R, dtype=torch.float64))
     with pytest.raises(ValueError, match="labels"):
-        selected_logit_loss(**dict(problem, labels=problem["labels"] + V))
+        chunked(**dict(problem, labels=problem["labels"] + V))
     with pytest.raises(ValueError, match="distance"):
-        selected_logit_loss(**problem, distance="l2")
+        chunked(**problem, distance="l2")
     with pytest.raises(ValueError, match="per-row normalizer"):
-        selected_logit_loss(**problem, normalizer=torch.ones(N + 1))
+        chunked(**problem, normalizer=torch.ones(N + 1))
     with pytest.raises(ValueError, match="positive"):
-        selected_logit_loss(**problem, normalizer=torch.zeros(N))
+        chunked(**problem, normalizer=torch.zeros(N))

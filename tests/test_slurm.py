@@ -4,7 +4,7 @@ The test installs Debian's ``slurm-wlm`` and ``munge`` when missing (root and ap
 starts a private cluster with ``launch/slurm/local_cluster.sh`` (all state under a temp dir), submits the job
 script exactly as a user would (``sbatch launch/slurm/train.sbatch recipe=... overrides...``), waits for the
 job, and checks its exit code and the run's ``metrics.jsonl``. The daemons are stopped however the test ends.
-Deselect locally with ``-m "not slurm"``.
+Runs only with ``-m slurm`` (``tests/conftest.py`` skips it otherwise); ``launch/quickstart/test.sh`` passes it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -149,3 +149,59 @@ def test_train_sbatch_runs_two_cpu_processes(slurm_env: dict, tmp_path: Path) ->
     steps = [r["step"] for r in records if "step" in r]
     assert steps and max(steps) == MAX_STEPS, records[-3:]
     assert (out_dir / "drafter" / "drafter.safetensors").is_file()
+
+
+PREEMPT_STEPS = 40
+# Three launches of two processes each, one of them requeued by Slurm.
+PREEMPT_TIMEOUT_S = 600
+
+
+def _preemption_overrides(out_dir: Path, target: str, data: Path, cache: Path) -> list[str]:
+    return [
+        "recipe=tiny-dspark", f"run.output_dir={out_dir}", f"target.path={target}", "target.layer_ids=[0]",
+        f"data.train=[{data}]", "data.validation=[]", f"data.cache_dir={cache}", "data.max_length=128",
+        "drafter.num_layers=1", "drafter.markov_rank=8", "anchors.num_per_sequence=4", "anchors.token_budget=1024",
+        f"train.max_steps={PREEMPT_STEPS}", "train.global_batch_sequences=4", "train.micro_batch_sequences=2",
+        "train.checkpoint_every=1000", "train.eval_every=1000", "logging.wandb=false", "logging.progress=false",
+        "logging.log_every=1",
+    ]
+
+
+def test_usr1_checkpoints_requeues_and_resumes_exactly(slurm_env: dict, tmp_path: Path) -> None:
+    """``scancel --signal=USR1`` (what ``--signal=USR1@120`` sends before the time limit): the job checkpoints,
+    requeues itself and continues with ``train.resume=auto``; its per-step losses and final weights equal an
+    uninterrupted run's (two plain processes, no Slurm) bit for bit."""
+    from safetensors.torch import load_file
+
+    from tests.helpers.streaming_world import run_ranks, step_losses
+
+    target = save_tiny_chat_model(tmp_path / "target")
+    data = tmp_path / "train.jsonl"
+    _write_conversations(data, 24)
+    full, out_dir, log = tmp_path / "full", tmp_path / "run", tmp_path / "job.out"
+    run_ranks(_preemption_overrides(full, target, data, tmp_path / "cache"), 2, full / "logs", timeout=PREEMPT_TIMEOUT_S)
+
+    env = dict(slurm_env, NPROC_PER_NODE="2", PYTHON=sys.executable, OMP_NUM_THREADS="1")
+    submitted = subprocess.run(
+        ["sbatch", "--parsable", f"--output={log}", str(TRAIN_SCRIPT),
+         *_preemption_overrides(out_dir, target, data, tmp_path / "cache")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.strip().split(";")[0]
+    deadline = time.monotonic() + PREEMPT_TIMEOUT_S
+    while len(step_losses(out_dir)) < 3:
+        assert time.monotonic() < deadline, _job_fields(job_id, env)
+        time.sleep(0.2)
+    subprocess.run(["scancel", "--signal=USR1", job_id], env=env, check=True, timeout=30)
+
+    fields = _wait_for_job(job_id, env, PREEMPT_TIMEOUT_S)
+    output = log.read_text() if log.exists() else "(no job output)"
+    assert fields["JobState"] == "COMPLETED" and fields.get("Restarts") == "1", f"{fields}\n{output[-4000:]}"
+    assert "requeueing job" in output and "continuing with train.resume=auto" in output, output[-4000:]
+    assert "preempted by SIGUSR1" in output, output[-4000:]
+    expected, got = step_losses(full), step_losses(out_dir)
+    assert sorted(got) == list(range(1, PREEMPT_STEPS + 1)) and got == expected, (expected, got)
+    a = load_file(str(full / "drafter" / "drafter.safetensors"))
+    b = load_file(str(out_dir / "drafter" / "drafter.safetensors"))
+    assert a.keys() == b.keys() and all(a[k].equal(b[k]) for k in a)

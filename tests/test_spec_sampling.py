@@ -20,7 +20,7 @@ from deepspec_train.evaluation.spec_sampling import (
     verify_blocks_greedy,
 )
 from deepspec_train.models.sampling import probs_from_logits
-from tests.synthetic_lm import TablePair
+from tests.helpers.table_language_models import TablePair
 
 # (vocab, block size K, tokens verified per round, seed)
 CASES = [(3, 1, 1, 0), (3, 2, 2, 1), (4, 3, 3, 2), (5, 2, 2, 3), (4, 3, 1, 4), (3, 3, 2, 5)]

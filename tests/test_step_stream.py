@@ -25,11 +25,12 @@ from deepspec_train.packing.packer import pack_sequences
 from deepspec_train.streaming import target_worker
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.wire import KIND_BATCH, KIND_TRAIN, StreamMessage, message_bytes, outline
-from deepspec_train.training.batch_loss import batch_loss
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import StepBatches
 from deepspec_train.training.trainer import DrafterTrainer
-from tests.drafter_fixtures import BLOCK, HIDDEN, LAYER_IDS, MASK_ID, VOCAB, drafter_config, random_item, tiny_drafter
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
+from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item, tiny_drafter
 
 SINGLE = DistContext(0, 1, 0, torch.device("cpu"), None)
 
@@ -52,7 +53,8 @@ def _micro_batches() -> list:
 
 
 def _trainer(cfg: RecipeConfig, head: torch.Tensor) -> DrafterTrainer:
-    return DrafterTrainer(cfg, tiny_drafter("dspark").train(), head, None, None, NoOpSink(), SINGLE, 1, "sdpa")
+    loss = DrafterLoss.for_recipe(cfg, head, "sdpa")
+    return DrafterTrainer(cfg, tiny_drafter("dspark").train(), loss, None, None, NoOpSink(), SINGLE, 1)
 
 
 def _grads(model: torch.nn.Module) -> list:
@@ -81,9 +83,10 @@ def test_streamed_micro_batches_accumulate_exactly_like_the_whole_step() -> None
 
     reference = tiny_drafter("dspark").train()
     normalizer = float(sum(b.num_supervised for b in batches))
+    reference_loss = DrafterLoss.for_recipe(cfg, head, "sdpa")
     loss_reference = 0.0
     for batch in batches:
-        loss = batch_loss(reference, batch, cfg, head, normalizer, "sdpa").loss.loss
+        loss = reference_loss(reference, batch, normalizer).loss.loss
         loss.backward()
         loss_reference += float(loss.detach())
     assert loss_listed == loss_streamed == loss_reference

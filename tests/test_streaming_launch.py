@@ -14,7 +14,7 @@ import pytest
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.run import run_training
-from tests.streaming_helpers import REPO, free_port, recipe_overrides, run_ranks, step_losses
+from tests.helpers.streaming_world import REPO, free_port, recipe_overrides, run_ranks, step_losses
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow

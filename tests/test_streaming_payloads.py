@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.packing.batch import PackedBatch
-from tests.streaming_helpers import read_logs, recipe_overrides, start_ranks, wait_all
+from tests.helpers.streaming_world import read_logs, recipe_overrides, start_ranks, wait_all
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow
@@ -59,7 +59,7 @@ def _worker(world_file: str, out: str, targets: int, tp: int) -> None:
     if topology.role_of(world.rank) == "target":
         run_target_role(cfg, ctx, world.rank, topology, group)
     else:
-        source = StreamedFeatureSource(topology, ctx.rank, ctx.device, cfg.stream.timeout_s)
+        source = StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s)
         for step, step_batches in enumerate(source):
             batches = list(step_batches.batches)
             assert (step_batches.num_batches, step_batches.num_supervised) == (len(batches), sum(b.num_supervised for b in batches))
@@ -73,16 +73,19 @@ def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
     from deepspec_train.target.hidden_states import TargetTap
     from deepspec_train.target.loading import load_target_model
     from deepspec_train.training.distributed import DistContext
-    from deepspec_train.jobs.assembly import load_token_datasets, train_source, validation_share
-    from deepspec_train.training.feature_source import StepBatches
+    from deepspec_train.jobs.assembly import (
+        chunk_builder, load_token_datasets, train_plan, validation_pass, validation_plan,
+    )
+    from deepspec_train.training.feature_source import InProcessFeatureSource, StepBatches
 
     single = DistContext(0, 1, 0, torch.device("cpu"), None)
     data = load_token_datasets(cfg, single)
     tap = TargetTap(load_target_model(cfg.target, single.device), cfg.target.layer_ids)
+    builder = chunk_builder(cfg, tap, single.device)
     expected = {}
     for d in range(drafters):
-        colocated = train_source(cfg, data["train"], tap, d, drafters, single.device)
-        val = validation_share(cfg, data["validation"], tap, d, drafters, single.device)
+        colocated = InProcessFeatureSource(train_plan(cfg, data["train"], d, drafters), builder)
+        val = validation_pass(validation_plan(cfg, data["validation"], d, drafters), builder)
         for step, step_batches in zip(range(STEPS), colocated):
             expected[f"d{d}_train_{step}"] = step_batches.batches
             # The packing plan's per-sequence slot counts equal a recount of the built micro-batches.
@@ -90,7 +93,7 @@ def _expected(cfg, drafters: int) -> dict[str, list[PackedBatch]]:
             assert step_batches.slot_counts.keys() == recount.keys()
             assert all(torch.equal(step_batches.slot_counts[k], recount[k]) for k in recount)
             if (step + 1) % cfg.train.eval_every == 0 or step + 1 == STEPS:
-                expected[f"d{d}_val_{step}"] = val.batches()
+                expected[f"d{d}_val_{step}"] = val()
     return expected
 
 

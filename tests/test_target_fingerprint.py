@@ -21,7 +21,7 @@ from deepspec_train.export.exporter import export_drafter
 from deepspec_train.formats.drafter_loader import FINGERPRINT_FIELD, load_exported_drafter
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.target.fingerprint import TargetMismatch, target_fingerprint
-from tests.test_export import save_tiny_target, tiny_recipe, trained_drafter
+from tests.helpers.trained_drafters import save_tiny_target, tiny_recipe, trained_drafter
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Tensor-parallel target groups (``topology.target_tp``) end to end through ``train.py``, one plain process per
 rank (gloo, CPU, fp32): ranks 0-1 form one group holding the target, rank 2 trains the drafter.
 
-- A group over a mixture-of-experts target (``tests/moe_world.py``'s scale target of Qwen3-30B-A3B with 4 of its
+- A group over a mixture-of-experts target (``tests/helpers/moe_world.py``'s scale target of Qwen3-30B-A3B with 4 of its
   48 layers, each rank loading it costs seconds per layer; ``target_tp_plan=experts``: the 128 experts split
   over the group, attention on both ranks) trains the same per-step losses as one colocated process, and the run
   reports the group's peak bytes in flight (a metric and a log line).
@@ -19,8 +19,8 @@ import pytest
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.run import run_training
-from tests.streaming_helpers import fail_one_rank_mid_run, recipe_overrides, run_ranks, step_losses
-from tests.test_moe_target import moe_overrides
+from tests.helpers.moe_world import moe_overrides
+from tests.helpers.streaming_world import fail_one_rank_mid_run, recipe_overrides, run_ranks, step_losses
 
 # Several processes each: a few seconds per test.
 pytestmark = pytest.mark.slow

@@ -13,33 +13,9 @@ from safetensors.torch import load_file
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.jobs.run import run_training
+from tests.helpers.tiny_world_overrides import training_overrides
 
 REPO = Path(__file__).resolve().parents[1]
-# The `test` preset's target has 2 decoder layers: context can only come from layer 0.
-LAYER_IDS = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]"}
-
-
-def overrides(tiny_world: Path, recipe: str, out: Path, steps: int = 4) -> list[str]:
-    mask_id = json.loads((tiny_world / "build_report.json").read_text())["mask_token_id"]
-    return [
-        f"target.path={tiny_world / 'target'}",
-        f"target.layer_ids={LAYER_IDS[recipe]}",
-        f"data.train=[{tiny_world / 'conversations' / 'train.jsonl'}]",
-        f"data.validation=[{tiny_world / 'conversations' / 'validation.jsonl'}]",
-        f"data.cache_dir={out / 'cache'}",
-        f"drafter.mask_token_id={mask_id}",
-        f"run.output_dir={out / 'run'}",
-        f"train.max_steps={steps}",
-        "train.global_batch_sequences=4",
-        "train.micro_batch_sequences=2",
-        f"train.eval_every={steps}",
-        "train.eval_sequences=8",
-        f"train.checkpoint_every={steps}",
-        "anchors.num_per_sequence=8",
-        "logging.log_every=1",
-        "logging.wandb=false",
-        "logging.progress=false",
-    ]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -48,7 +24,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 @pytest.mark.parametrize("recipe", ["tiny-dspark", "tiny-eagle3"])
 def test_recipe_trains_and_logs_per_position_metrics(tiny_world: Path, tmp_path: Path, recipe: str) -> None:
-    cfg = load_recipe(recipe, overrides(tiny_world, recipe, tmp_path))
+    cfg = load_recipe(recipe, training_overrides(tiny_world, recipe, tmp_path))
     summary = run_training(cfg)
     assert summary.steps == 4
     records = read_metrics(tmp_path / "run")
@@ -71,7 +47,8 @@ def test_recipe_trains_and_logs_per_position_metrics(tiny_world: Path, tmp_path:
 @pytest.mark.slow
 def test_train_py_runs_dflash(tiny_world: Path, tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "train.py", "recipe=tiny-dflash", *overrides(tiny_world, "tiny-dflash", tmp_path, steps=2)],
+        [sys.executable, "train.py", "recipe=tiny-dflash",
+         *training_overrides(tiny_world, "tiny-dflash", tmp_path, steps=2)],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.streaming_helpers import read_logs, start_ranks, wait_all
+from tests.helpers.streaming_world import read_logs, start_ranks, wait_all
 
 TIMEOUT_S = 1.0  # heartbeat every 0.2 s
 LATE_WORK_S = 2.0

@@ -15,8 +15,10 @@ import torch
 from transformers import AutoModel, AutoModelForCausalLM, Qwen3ForCausalLM
 
 from deepspec_train.export.exporter import export_drafter
-from tests.test_export import random_batch, save_tiny_target, tiny_recipe, trained_drafter, write_training_output
-from tests.test_rope_scaling import scaled_config
+from tests.helpers.scaled_rope_targets import scaled_config
+from tests.helpers.trained_drafters import (
+    random_batch, save_tiny_target, tiny_recipe, trained_drafter, write_training_output,
+)
 
 
 def _target(directory, rope: str) -> str:

@@ -33,6 +33,7 @@ import numpy as np
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, sts_payload, write_strict_json
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.figures import new_figure, save_png
@@ -112,13 +113,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    out = ensure_output_dir(args.out, "--out")
     try:
         traces = survival_arrays(read_traces(args.traces))
     except (ValueError, KeyError, OSError) as err:
         raise UserError(str(err)) from err
     result = sequential_temperature_scaling(traces.logits, traces.survived, traces.valid, n_bins=N_BINS)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     report = {
         **result.to_dict(),
         "n_bins": N_BINS,

@@ -26,6 +26,7 @@ from deepspec_train.comparison.collect import DrafterRow, collect_rows, suites_o
 from deepspec_train.comparison.plots import write_plots
 from deepspec_train.comparison.report import calibration_table, main_table, markdown_table, write_report
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_dir
 
 DEFAULT_GROUP = "deepspec-compare"
 # W&B truncates longer run names; a readable prefix of the drafter list is enough to recognise the run.
@@ -63,17 +64,10 @@ def log_to_wandb(
     names = [row.name for row in rows]
     run_name = ("compare " + " vs ".join(names))[:_MAX_RUN_NAME]
     config = {"drafters": names, "sources": [str(row.source) for row in rows], "suites": suites_of(rows)}
-    # WandbSink takes no group argument; W&B reads the group from WANDB_RUN_GROUP at init.
-    previous_group = os.environ.get("WANDB_RUN_GROUP")
-    os.environ["WANDB_RUN_GROUP"] = group
-    try:
-        sink = WandbSink(project, run_name, config, mode="offline",
-                         dir=None if os.environ.get("WANDB_DIR") else out_dir)
-    finally:
-        if previous_group is None:
-            del os.environ["WANDB_RUN_GROUP"]
-        else:
-            os.environ["WANDB_RUN_GROUP"] = previous_group
+    # Directory and group are passed to the run, not left to the environment: W&B keeps the settings of the first
+    # run of a process, so a later run would otherwise land in the earlier run's directory and group.
+    sink = WandbSink(project, run_name, config, mode="offline", dir=os.environ.get("WANDB_DIR") or out_dir,
+                     group=group)
     try:
         summary = main_table(rows)
         sink.log_table("compare/summary", summary.columns, summary.rows, step=0)
@@ -105,11 +99,11 @@ def log_to_wandb(
 
 
 def run(args: argparse.Namespace) -> int:
+    out = ensure_output_dir(args.out, "--out")
     try:
         rows = collect_rows(args.paths)
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise UserError(str(err)) from err
-    out = Path(args.out)
     plot_files = write_plots(rows, out)
     report = write_report(rows, out, plot_files)
     print(markdown_table(main_table(rows)))

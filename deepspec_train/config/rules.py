@@ -118,6 +118,8 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     if t.stop_at_step is not None:
         _at_least(p, "train.stop_at_step", t.stop_at_step, 1)
     p.extend(_resume_problems(t.resume))
+    if d.init_from is not None and not Path(d.init_from).is_dir():
+        p.append(f"drafter.init_from = {d.init_from!r}: no such directory (a drafter export, release or <run>/drafter)")
     if cfg.run.overwrite and t.resume != "none":
         p.append(f"run.overwrite=true starts the run over: it cannot be combined with train.resume={t.resume}")
     if t.distributed == "deepspeed":

@@ -9,7 +9,7 @@ batch 512 sequences, 10 epochs) so that a production recipe only names what diff
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, get_args
 
 
 @dataclass
@@ -45,9 +45,22 @@ class DataConfig:
     num_workers: int = 0
 
 
+# The enumerated values of the drafter settings, each defined once: the Literal is what the recipe loader checks,
+# the tuple what the code iterates. Drafter kind names are the kind registry's keys (a test checks they agree).
+DrafterKindName = Literal["dspark", "dflash", "eagle3"]
+MarkovHeadType = Literal["vanilla", "gated", "rnn"]
+MARKOV_HEAD_TYPES: tuple[str, ...] = get_args(MarkovHeadType)
+# The plain low-rank bias: the default form, and the only one vLLM builds.
+VANILLA_MARKOV_HEAD = MARKOV_HEAD_TYPES[0]
+# "dspark": slot k predicts x_{a+k+1}; "zlab" (DFlash's own): slot j >= 1 predicts x_{a+j}.
+LabelConvention = Literal["dspark", "zlab"]
+LABEL_CONVENTIONS: tuple[str, ...] = get_args(LabelConvention)
+DSPARK_LABELS, ZLAB_LABELS = LABEL_CONVENTIONS
+
+
 @dataclass
 class DrafterConfig:
-    kind: Literal["dspark", "dflash", "eagle3"] = "dspark"
+    kind: DrafterKindName = "dspark"
     num_layers: int = 5
     block_size: int = 7
     markov_rank: int = 256
@@ -55,7 +68,7 @@ class DrafterConfig:
     # adds ``W2 (sigmoid(G [h_k ; W1[x_prev]] + b) * W1[x_prev])``; "rnn" carries a GRU-like state through the
     # block, ``s_k = g * s_{k-1} + (1 - g) * tanh(c)`` with ``[g; c; o] = J [s_{k-1} ; W1[x_prev] ; h_k] + b``, and
     # adds ``W2 tanh(o)``. vLLM serves only "vanilla"; SGLang serves all three.
-    markov_head_type: Literal["vanilla", "gated", "rnn"] = "vanilla"
+    markov_head_type: MarkovHeadType = VANILLA_MARKOV_HEAD
     # Start of ``markov_w2``: "zero" (the bias starts at nothing, DFlash's behaviour at step 0) or "normal"
     # (normal(0, 0.02) like every other weight, DeepSpec's init).
     markov_init: Literal["zero", "normal"] = "zero"
@@ -65,7 +78,7 @@ class DrafterConfig:
     confidence_gradient: Literal["detached", "joint"] = "detached"
     # Which label convention the drafter is trained with: "dspark" (slot k predicts x_{a+k+1}) or "zlab"
     # (DFlash's own: slot j >= 1 predicts x_{a+j}; only for a DFlash exported in the z-lab layout).
-    labels: Literal["dspark", "zlab"] = "dspark"
+    labels: LabelConvention = DSPARK_LABELS
     mask_token_id: int = 151669
     # None: take the target's MLP width.
     intermediate_size: Optional[int] = None
@@ -73,6 +86,10 @@ class DrafterConfig:
     ttt_steps: int = 7
     ttt_decay: float = 0.8
     draft_vocab_size: Optional[int] = None
+    # A drafter directory to start from instead of random weights (a published DSpark / z-lab DFlash / EAGLE-3
+    # release, an export or a training output): its weights and heads are loaded, the optimizer starts fresh, and
+    # its shapes and vocabulary must fit this recipe's drafter and target (``models.init_from``).
+    init_from: Optional[str] = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from deepspec_train.checksums import ALGORITHM, file_checksum
+from deepspec_train.disk_space import folder_bytes, whole_or_nothing
 from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation
 from deepspec_train.data.loss_mask import TemplateNotPrefixStableError, render_with_loss_mask
 
@@ -87,25 +88,24 @@ class DataSummary:
 
 def build_token_dataset(
     sources: list[str],
-    tokenizer: Any,
-    max_length: int,
+    renderer: ConversationRenderer,
     cache_dir: str,
     strict: bool = False,
     split: str = "train",
     progress: bool = True,
-    chat_template_kwargs: dict | None = None,
     num_workers: int = 0,
 ) -> tuple[datasets.Dataset, DataSummary]:
     """Tokenised samples with columns ``input_ids``, ``loss_mask``, ``sample_id``, ``length``, and a summary.
 
     ``sample_id`` is the sample's 0-based index in the returned dataset (stable across cache reuse).
-    ``chat_template_kwargs`` (e.g. ``{"enable_thinking": False}``) are passed to the chat template.
-    ``num_workers > 0`` renders in that many spawned processes; the result is identical to a serial build.
+    ``renderer`` holds the tokenizer, ``max_length`` and the chat template's keyword arguments (e.g.
+    ``{"enable_thinking": False}``). ``num_workers > 0`` renders in that many spawned processes; the result is
+    identical to a serial build.
     """
     if not sources:
         raise ValueError("build_token_dataset: no data sources given")
-    renderer = _Renderer(tokenizer, max_length, chat_template_kwargs)
-    entry = Path(os.path.expanduser(cache_dir)) / cache_key(sources, tokenizer, max_length, split, chat_template_kwargs)
+    key = cache_key(sources, renderer.tokenizer, renderer.max_length, split, renderer.chat_template_kwargs)
+    entry = Path(os.path.expanduser(cache_dir)) / key
     from_cache = (entry / SUMMARY_FILE).is_file()
     if not from_cache:
         _build_entry(entry, sources, split, renderer, strict, progress, num_workers)
@@ -159,8 +159,10 @@ def _tokenizer_identity(tokenizer: Any) -> str:
 
 
 @dataclass
-class _Renderer:
-    """Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable."""
+class ConversationRenderer:
+    """How conversations become samples: the tokenizer, the longest sample and the chat template's keyword
+    arguments. Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable
+    (sent to the rendering processes)."""
 
     tokenizer: Any
     max_length: int
@@ -180,20 +182,23 @@ class _Renderer:
 
 
 def _build_entry(
-    entry: Path, sources: list[str], split: str, renderer: _Renderer, strict: bool, progress: bool, num_workers: int
+    entry: Path, sources: list[str], split: str, renderer: ConversationRenderer, strict: bool, progress: bool,
+    num_workers: int,
 ) -> None:
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-", dir=entry.parent))
     try:
-        records = (item for source in sources for item in iter_records(source, split))
-        if num_workers > 0:
-            # Spawned rather than forked: the parent may already run tokenizer or torch threads.
-            with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-                results = pool.imap(renderer, records, chunksize=WORKER_CHUNK_ROWS)
-                summary = _write_shards(staging, results, strict, progress)
-        else:
-            summary = _write_shards(staging, map(renderer, records), strict, progress)
-        (staging / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
+        # A full disk: the staging folder goes, and the run ends in one line naming the entry (``disk_space``).
+        with whole_or_nothing(entry, lambda: folder_bytes(staging), lambda: shutil.rmtree(staging, ignore_errors=True)):
+            records = (item for source in sources for item in iter_records(source, split))
+            if num_workers > 0:
+                # Spawned rather than forked: the parent may already run tokenizer or torch threads.
+                with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+                    results = pool.imap(renderer, records, chunksize=WORKER_CHUNK_ROWS)
+                    summary = _write_shards(staging, results, strict, progress)
+            else:
+                summary = _write_shards(staging, map(renderer, records), strict, progress)
+            (staging / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
         try:
             os.rename(staging, entry)
         except OSError:

@@ -1,9 +1,10 @@
 """Prompt suites for the evaluator: MT-Bench-format JSONL files and the tiny world's built-in suites.
 
 A suite file holds one JSON object per line with an id (``id``, or MT-Bench's ``question_id``), a ``category``
-and ``turns``, the list of user messages of one conversation. A suite is named on the command line either by
-its path or as ``tinyworld:NAME`` (``code``, ``prose``, ``math``), which resolves to ``DIR/suites/NAME.jsonl``
-of a tiny world built by ``deepspec tinyworld build --out DIR``. A suite that cannot be read, or that holds no
+and ``turns``, the list of user messages of one conversation. A suite is named on the command line by its path
+(named after the file), as ``NAME=PATH`` (a file written by ``deepspec suites prepare``, named ``NAME``), or as
+``tinyworld:NAME`` (``code``, ``prose``, ``math``), which resolves to ``DIR/suites/NAME.jsonl`` of a tiny world
+built by ``deepspec tinyworld build --out DIR``. A suite that cannot be read, or that holds no
 prompt (an empty file, ``max_prompts`` below 1), raises ``SuiteError`` with one line naming the file.
 """
 
@@ -38,7 +39,7 @@ class Suite:
 
 
 def resolve_suite_path(spec: str, tinyworld_dir: Optional[str] = None) -> tuple[str, Path]:
-    """``(suite name, file)`` for a path or a ``tinyworld:NAME`` spec."""
+    """``(suite name, file)`` for a path, a ``NAME=PATH`` or a ``tinyworld:NAME`` spec."""
     if spec.startswith(TINYWORLD_PREFIX):
         name = spec[len(TINYWORLD_PREFIX) :]
         if name not in TINYWORLD_SUITES:
@@ -46,6 +47,9 @@ def resolve_suite_path(spec: str, tinyworld_dir: Optional[str] = None) -> tuple[
         if tinyworld_dir is None:
             raise SuiteError(f"suite {spec!r} needs --tinyworld DIR (a directory made by `deepspec tinyworld build`)")
         return name, Path(tinyworld_dir) / "suites" / f"{name}.jsonl"
+    name, separator, named_path = spec.partition("=")
+    if separator and name and not Path(spec).exists():
+        return name, Path(named_path)
     path = Path(spec)
     return path.stem, path
 

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
-from deepspec_train.export.engine_rules import ENGINES, check_export_dir, describe
+from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
-from deepspec_train.kinds.serving_layouts import LAYOUTS
+from deepspec_train.kinds.engine_reading import ENGINES
+from deepspec_train.kinds.layout_registry import LAYOUTS
 
 
 def _engine_list(text: str) -> list[str]:
@@ -41,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", required=True, help="training output <run>/drafter, or an earlier export")
     parser.add_argument("--target", required=True, help="target model directory (config.json + safetensors)")
     parser.add_argument("--out", required=True, help="export directory to write")
-    parser.add_argument("--layout", choices=LAYOUTS, default=None, help="default: the drafter's own layout")
+    parser.add_argument("--layout", choices=tuple(LAYOUTS), default=None, help="default: the drafter's own layout")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16", help="float dtype of the weights")
     parser.add_argument("--calibration", default=None,
                         help=f"calibration.json (or {STS_FILENAME}) from `deepspec calibrate`")
@@ -62,6 +65,10 @@ def sts_file_for(calibration: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    # The folder is made (and proven writable) before any work; a refused export takes it away again when it was
+    # ours and is still empty, so a refusal leaves nothing behind.
+    created = not os.path.exists(args.out)
+    ensure_output_dir(args.out, "--out")
     temperatures, sts = None, None
     try:
         if args.calibration:
@@ -72,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         readings = check_export_dir(out, args.target, args.engines, args.sps)
     # LayoutError and EngineRuleError are ValueErrors: a refused export lands here with every problem listed.
     except (ValueError, OSError, KeyError) as err:
+        if created and not any(Path(args.out).iterdir()):
+            Path(args.out).rmdir()
         raise UserError(f"export refused: {err}") from err
     config = json.loads((out / "config.json").read_text())
     print(f"exported {config['architectures'][0]} ({args.dtype}) to {out}")

@@ -2,19 +2,20 @@
 
 ``export_drafter`` loads the drafter (training output or an earlier export) with the project's loader, plans the
 export (``plan_export``: the target's ``config.json`` plus the layout's fields, and the tensors under their
-serving names, which are already the modules' own names), validates the plan with ``layouts.validate_layout``
+serving names, which are already the modules' own names), validates the plan with ``validate_layout``
 and checks it against the engines' rules (``engine_rules.check_engines``: captured layers, refused tensors,
 needed fields) before a single byte is written; a plan with a missing field or tensor, a wrong shape, or one an
 engine would misread is refused. Next to the weights go a README.md (per engine: what it captures, the serve
-lines), the SGLang STS file when a calibration is given, and in the z-lab layout the ``dflash.py`` modeling file
-that ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads.
+lines), the SGLang STS file when a calibration is given, and the layout's companion files (the z-lab layout's
+``dflash.py`` modeling file, which ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads). Everything
+that depends on the layout comes from its ``ServingLayout`` record (``kinds.layout_registry``).
 
-Which drafter goes in which layout: DSpark -> ``dspark``; DFlash trained with DSpark labels -> ``dspark``
-(``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``; EAGLE-3 ->
-``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused: weights
-trained with one label convention compute something else under the other. The DSpark layout's
-``embed_tokens`` / ``lm_head`` are copied from the target checkpoint so that engines which use the target's own
-heads get the same model.
+Which drafter goes in which layout (the kinds' ``layouts``): DSpark -> ``dspark``; DFlash trained with DSpark
+labels -> ``dspark`` (``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``;
+EAGLE-3 -> ``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused:
+weights trained with one label convention compute something else under the other. A layout that stores copies of the
+target's ``embed_tokens`` / ``lm_head`` (DSpark's) gets them from the target checkpoint so that engines which use
+the target's own heads get the same model.
 
 Run as ``deepspec export --drafter RUN/drafter --target TARGET --out DIR`` (see ``deepspec_train.export.cli``).
 """
@@ -35,17 +36,10 @@ import yaml
 from safetensors.torch import save_file
 
 from deepspec_train.config.schema import AnchorConfig
+from deepspec_train.disk_space import tensor_bytes, whole_or_nothing
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts, write_strict_json
 from deepspec_train.export.engine_rules import check_engines
-from deepspec_train.export.export_readme import README_FILE, ZLAB_MODELING_FILE, export_readme, zlab_modeling_source
-from deepspec_train.kinds.serving_layouts import (
-    ARCHITECTURES,
-    OMITTED_TENSORS,
-    LayoutError,
-    layout_of_config,
-    validate_layout,
-    vllm_eagle3_layer_ids,
-)
+from deepspec_train.export.export_readme import README_FILE, export_readme
 from deepspec_train.formats.drafter_loader import (
     EXPORT_CONFIG,
     EXPORT_WEIGHTS,
@@ -55,7 +49,8 @@ from deepspec_train.formats.drafter_loader import (
     read_tensor_specs,
     resolve_drafter_dir,
 )
-from deepspec_train.kinds.eagle3 import check_eagle3_taps
+from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
+from deepspec_train.kinds.layout_spec import LayoutError, WrittenDrafter
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.models.rope_parameters import GLOBAL_LAYER_TYPE
@@ -75,8 +70,8 @@ class ExportPlan:
 
 
 def default_layout(loaded: LoadedDrafter) -> str:
-    """The layout a drafter exports to when none is asked for."""
-    layouts = kind_spec(loaded.kind).layouts(loaded.labels)
+    """The layout a drafter exports to when none is asked for: the first of its kind's layouts that holds it."""
+    layouts = [name for name in kind_spec(loaded.kind).layouts(loaded.labels) if serving_layout(name).holds(loaded.module)]
     if not layouts:
         raise LayoutError("none", [f"a {loaded.kind} drafter trained with {loaded.labels} labels has no serving layout"])
     return layouts[0]
@@ -84,9 +79,9 @@ def default_layout(loaded: LoadedDrafter) -> str:
 
 def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
     """Refuse a drafter / layout combination whose serving semantics would differ from training: weights trained
-    with one label convention compute something else under the other."""
-    if layout not in OMITTED_TENSORS:
-        raise ValueError(f"unknown layout {layout!r}; choose one of {sorted(OMITTED_TENSORS)}")
+    with one label convention compute something else under the other, and a layout without a draft vocabulary
+    cannot hold a drafter that has one."""
+    spec = serving_layout(layout)
     allowed = kind_spec(loaded.kind).layouts(loaded.labels)
     if layout not in allowed:
         problem = (
@@ -95,6 +90,12 @@ def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
             f"drafters, zlab-dflash a DFlash trained with drafter.labels=zlab, eagle3 an EAGLE-3)"
         )
         raise LayoutError(layout, [problem])
+    if not spec.holds(loaded.module):
+        fitting = [name for name in allowed if serving_layout(name).holds(loaded.module)]
+        raise LayoutError(layout, [
+            f"the {layout} layout cannot hold this {loaded.kind} drafter (a reduced draft vocabulary needs a layout "
+            f"with one); export it as {' / '.join(fitting) or 'nothing'}"
+        ])
 
 
 def check_same_geometry(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
@@ -112,55 +113,6 @@ def check_same_geometry(geometry: DrafterGeometry, target_config: Mapping[str, A
         raise ValueError("drafter was not built for this target: " + "; ".join(diffs))
 
 
-def _layout_fields(
-    loaded: LoadedDrafter, layout: str, num_anchors: int, temperatures: Sequence[float] | None
-) -> dict[str, Any]:
-    module, geometry = loaded.module, loaded.module.geometry
-    if layout == "dspark":
-        confidence = module.confidence_head is not None
-        fields = {
-            "num_target_layers": geometry.num_target_layers,
-            "block_size": loaded.block_size,
-            "tie_word_embeddings": False,
-            "mask_token_id": loaded.mask_token_id,
-            "target_layer_ids": list(loaded.target_layer_ids),
-            "num_anchors": num_anchors,
-            "enable_confidence_head": confidence,
-            # Our confidence head reads [h_k ; W1[x_prev]] whenever there is a Markov head.
-            "confidence_head_with_markov": confidence and module.markov_rank > 0,
-            "markov_rank": module.markov_rank,
-            "markov_head_type": "vanilla" if module.markov_head is None else module.markov_head.head_type,
-        }
-        if temperatures is not None:
-            fields["confidence_temperatures"] = [float(t) for t in temperatures]
-        return fields
-    if layout == "zlab-dflash":
-        return {
-            "model_type": "qwen3",
-            "num_target_layers": geometry.num_target_layers,
-            "block_size": loaded.block_size,
-            "dflash_config": {"mask_token_id": loaded.mask_token_id, "target_layer_ids": list(loaded.target_layer_ids)},
-            # AutoModel.from_pretrained(DIR, trust_remote_code=True) builds the drafter from the dflash.py written
-            # next to the weights (without it transformers silently builds a plain Qwen3Model).
-            "auto_map": {"AutoModel": f"{ZLAB_MODELING_FILE.removesuffix('.py')}.DFlashDraftModel"},
-        }
-    layer_ids = list(loaded.target_layer_ids)
-    check_eagle3_taps(layer_ids, geometry.num_target_layers)
-    return {
-        "model_type": "llama",
-        "draft_vocab_size": int(module.d2t.shape[0]),
-        "tie_word_embeddings": False,
-        "target_hidden_size": geometry.hidden_size,
-        "rope_theta": geometry.rope_theta,
-        # SGLang reads only eagle_config's ids, as decoder layers (ours); vLLM reads the top level first, as
-        # hidden-state indices (ours + 1).
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True},
-        "eagle_aux_hidden_state_layer_ids": vllm_eagle3_layer_ids(layer_ids),
-        "num_target_layers": geometry.num_target_layers,
-        "block_size": loaded.block_size,
-    }
-
-
 def plan_export(
     loaded: LoadedDrafter,
     target_config: Mapping[str, Any],
@@ -174,15 +126,16 @@ def plan_export(
     Works on a module built on the meta device (the plan then only carries names, shapes and dtypes)."""
     layout = layout or default_layout(loaded)
     check_layout_fits(loaded, layout)
-    if confidence_temperatures is not None and layout != "dspark":
+    spec = serving_layout(layout)
+    if confidence_temperatures is not None and not spec.carries_temperatures:
         raise LayoutError(layout, ["confidence temperatures only go into the DSpark layout"])
     module = loaded.module
     check_same_geometry(module.geometry, target_config)
-    num_layers = 1 if layout == "eagle3" else len(module.layers)
+    num_layers = spec.depth(module)
     config = dict(target_config)
     dtype_name = _DTYPE_NAMES[dtype]
     config.update(
-        architectures=[ARCHITECTURES[layout]],
+        architectures=[spec.architecture],
         num_hidden_layers=num_layers,
         intermediate_size=module.geometry.intermediate_size,
         layer_types=["full_attention"] * num_layers,
@@ -190,16 +143,17 @@ def plan_export(
         dtype=dtype_name,
         torch_dtype=dtype_name,
     )
-    config.update(_layout_fields(loaded, layout, num_anchors, confidence_temperatures))
+    temperatures = None if confidence_temperatures is None else list(confidence_temperatures)
+    fingerprint = loaded.target_fingerprint or {}
+    written = WrittenDrafter(module, loaded.block_size, loaded.mask_token_id, list(loaded.target_layer_ids),
+                             num_anchors, temperatures, dict(target_config), str(fingerprint.get("path") or ""))
+    config.update(spec.fields(written))
     if GLOBAL_LAYER_TYPE in (config.get("rope_parameters") or {}):
         # A target with one RoPE per attention type (Gemma 3): the drafter's layers use the global one.
         config["rope_parameters"] = dict(module.geometry.rope_parameters)
     if loaded.target_fingerprint is not None:
         config[FINGERPRINT_FIELD] = dict(loaded.target_fingerprint)
-    omitted = set(OMITTED_TENSORS[layout])
-    if layout == "eagle3" and module.d2t.shape[0] == module.geometry.vocab_size:
-        # A full draft vocabulary is the identity map (draft ids are sorted target ids): ship no maps.
-        omitted |= {"d2t", "t2d"}
+    omitted = spec.unwritten(module)
     tensors = {
         name: (t.detach().to(dtype) if t.is_floating_point() else t.detach()).contiguous()
         for name, t in module.state_dict().items()
@@ -247,15 +201,16 @@ def export_drafter(
     written, the plan is checked against the engines' rules (``engine_rules.check_engines``: ``engines`` default to
     every engine that serves the layout); a refused export raises ``EngineRuleError``. ``sts_file`` (SGLang's STS
     calibration file from ``deepspec calibrate``) is validated and copied next to the export. The export also gets
-    a README.md (how each engine serves it) and, in the z-lab layout, the dflash.py modeling file."""
+    a README.md (how each engine serves it) and the layout's companion files (the z-lab layout's dflash.py)."""
     target_path = str(target_path)
     loaded = load_exported_drafter(drafter_dir, target_path)
     target_config = json.loads((Path(target_path) / "config.json").read_text())
     layout = layout or default_layout(loaded)
-    if layout == "dspark":
+    spec = serving_layout(layout)
+    if spec.copies_target_heads:
         loaded.module.load_target_heads(*load_head_weights(target_path))
     temperatures = confidence_temperatures
-    if temperatures is None and layout == "dspark":
+    if temperatures is None and spec.carries_temperatures:
         temperatures = loaded.confidence_temperatures
     plan = plan_export(loaded, target_config, layout, temperatures, recorded_num_anchors(drafter_dir), dtype)
     out = Path(out_dir)
@@ -263,10 +218,14 @@ def export_drafter(
                              target_path, str(out))
     sts = _checked_sts(sts_file, plan) if sts_file is not None else None
     out.mkdir(parents=True, exist_ok=True)
-    save_file(plan.tensors, str(out / EXPORT_WEIGHTS), metadata={"format": "pt"})
+    # Under a temporary name first: a disk that fills mid-write leaves no weights file a loader takes for whole.
+    weights, partial = out / EXPORT_WEIGHTS, out / f".{EXPORT_WEIGHTS}.tmp"
+    with whole_or_nothing(weights, tensor_bytes(plan.tensors), lambda: partial.unlink(missing_ok=True)):
+        save_file(plan.tensors, str(partial), metadata={"format": "pt"})
+        os.replace(partial, weights)
     _write_json(out / EXPORT_CONFIG, plan.config)
-    if layout == "zlab-dflash":
-        (out / ZLAB_MODELING_FILE).write_text(zlab_modeling_source())
+    for name, text in spec.companion_files().items():
+        (out / name).write_text(text)
     if sts is not None:
         write_strict_json(out / STS_FILENAME, sts)
     (out / README_FILE).write_text(export_readme(plan.config, readings))
@@ -276,7 +235,7 @@ def export_drafter(
 def _checked_sts(sts_file: str | Path, plan: ExportPlan) -> dict[str, Any]:
     """The STS file, validated against the export it goes next to (a DSpark layout with a confidence head)."""
     sts = read_sts(sts_file)
-    if plan.layout != "dspark" or not plan.config.get("enable_confidence_head"):
+    if not serving_layout(plan.layout).carries_temperatures or not plan.config.get("enable_confidence_head"):
         problem = "an STS calibration file only goes with a DSpark export with a confidence head"
         raise LayoutError(plan.layout, [problem])
     if len(sts["temperatures"]) != plan.config["block_size"]:
@@ -293,7 +252,7 @@ def write_confidence_temperatures(export_dir: str | Path, temperatures: Sequence
         raise FileNotFoundError(f"{root}: no {EXPORT_CONFIG}; --drafter must name an exported DSpark directory")
     config = json.loads(path.read_text())
     layout = layout_of_config(config)
-    if layout != "dspark":
+    if not serving_layout(layout).carries_temperatures:
         raise LayoutError(layout, ["confidence temperatures only go into the DSpark layout"])
     config["confidence_temperatures"] = [float(t) for t in temperatures]
     validate_layout(layout, config, read_tensor_specs(root / EXPORT_WEIGHTS))

@@ -22,15 +22,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepspec_train.families.records import (
-    ALL_LAYOUTS, EAGLE3, EngineSupport, TargetFamily, plus_one, plus_one_unless_last_boundary,
+    ALL_CAPTURES, EAGLE3_CAPTURE, EngineSupport, TargetFamily, plus_one, plus_one_unless_last_boundary,
     plus_one_when_first_is_one, sqrt_hidden_embedding_scale, vocabulary_only_split, widths_only_split,
 )
 
-VLLM_ALL = EngineSupport(ALL_LAYOUTS, source="vLLM SupportsEagle3 target class: captures the stream entering id + 1")
+VLLM_ALL = EngineSupport(ALL_CAPTURES, source="vLLM SupportsEagle3 target class: captures the stream entering id + 1")
 
 
 def _sglang_all(rule=plus_one, where: str = "") -> EngineSupport:
-    return EngineSupport(ALL_LAYOUTS, rule, source=f"SGLang {where}: set_eagle3 / set_dflash_layers_to_capture")
+    return EngineSupport(ALL_CAPTURES, rule, source=f"SGLang {where}: set_eagle3 / set_dflash_layers_to_capture")
 
 
 QWEN3 = TargetFamily(
@@ -85,7 +85,7 @@ GEMMA3 = TargetFamily(
         "vllm": EngineSupport(frozenset(), refusal=(
             "vLLM 0.33's Gemma3ForCausalLM (gemma3.py) implements no SupportsEagle3, so it captures no target "
             "layers for any drafter")),
-        "sglang": EngineSupport(frozenset({EAGLE3}), plus_one, refusal=(
+        "sglang": EngineSupport(frozenset({EAGLE3_CAPTURE}), plus_one, refusal=(
             "SGLang 0.5.23's Gemma3ForCausalLM (gemma3_causal.py) has no set_dflash_layers_to_capture: DFLASH and "
             "DSPARK refuse the target at start-up (EAGLE-3 only)")),
     },

@@ -15,9 +15,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# The serving layouts of ``kinds.serving_layouts``, named here without importing them (see the module docstring).
-DSPARK, ZLAB_DFLASH, EAGLE3 = "dspark", "zlab-dflash", "eagle3"
-ALL_LAYOUTS = frozenset({DSPARK, ZLAB_DFLASH, EAGLE3})
+# How an engine gets a drafter its target features: the block drafters' capture (vLLM's aux hidden states, SGLang's
+# ``set_dflash_layers_to_capture``) or EAGLE-3's (``set_eagle3_layers_to_capture``). Each serving layout record
+# (``kinds``) names the one its drafters need; a target model class may offer one, both or none.
+BLOCK_CAPTURE, EAGLE3_CAPTURE = "block drafter capture", "eagle3 capture"
+ALL_CAPTURES = frozenset({BLOCK_CAPTURE, EAGLE3_CAPTURE})
 
 
 def dspark_layer_ids(num_layers: int, count: int = 5) -> list[int]:
@@ -54,18 +56,20 @@ def plus_one_unless_last_boundary(ids: Sequence[int], num_layers: int) -> list[i
 class EngineSupport:
     """What one engine (vLLM 0.33 or SGLang 0.5.23) does for one target architecture.
 
-    ``layouts``: the drafter layouts it serves for this target (the target model class must capture tapped
-    layers for them); ``eagle3_points``: how it turns an EAGLE-3 config's layer ids into capture points (SGLang's
+    ``captures``: the capture mechanisms (``BLOCK_CAPTURE``, ``EAGLE3_CAPTURE``) its model class of this target
+    offers, i.e. the drafter layouts it can serve for it; ``eagle3_points``: how it turns an EAGLE-3 config's
+    layer ids into capture points (SGLang's
     ``set_eagle3_layers_to_capture``; vLLM takes its top-level ids as capture points for every family);
-    ``refusal``: why a layout outside ``layouts`` is not served; ``source``: where the rule was read."""
+    ``refusal``: why a layout needing another capture is not served; ``source``: where the rule was read."""
 
-    layouts: frozenset[str]
+    captures: frozenset[str]
     eagle3_points: Callable[[Sequence[int], int], list[int]] = plus_one
     refusal: str = ""
     source: str = ""
 
-    def unserved(self, layout: str) -> str | None:
-        return None if layout in self.layouts else self.refusal
+    def unserved(self, capture: str) -> str | None:
+        """Why a drafter that needs ``capture`` is not served for this target (None when it is)."""
+        return None if capture in self.captures else self.refusal
 
 
 def no_embedding_scale(config: Mapping[str, Any]) -> float:

@@ -1,20 +1,27 @@
-"""Rebuild a drafter module from an export (any layout in ``kinds.serving_layouts``) or from a training output directory.
+"""Rebuild a drafter module from an export (any layout in ``kinds.layout_registry``) or from a training output dir.
 
 ``load_exported_drafter(path)`` accepts:
 
-- an export directory (``config.json`` + ``model.safetensors``): the layout is read from ``architectures`` and the
-  checkpoint goes through ``serving_layouts.validate_layout`` (the exporter's own check) before anything is built;
+- an export directory (``config.json`` + ``model.safetensors``): the layout is read from ``architectures``, the
+  checkpoint goes through ``validate_layout`` (the exporter's own check) before anything is built, and the layout
+  record's ``read`` turns the config back into drafter settings (the kind registry tells the kind from them);
 - a training output directory ``<run>/drafter`` (``drafter_config.json`` + ``drafter.safetensors``, trainable
   weights only), or the run directory ``<run>`` itself, so evaluation works before export.
 
-Frozen target heads come from the export when it holds them (DSpark layout), otherwise from ``target_path``
-(default: the training run's recorded target) via ``load_head_weights``. The module is built on the meta device
-and its tensors assigned from the checkpoint, so no random initialisation runs for production-size drafters.
-It is returned in eval mode with gradients off, in the checkpoint's float dtype unless ``dtype`` is given.
+An export's config is checked by its layout (``validate_layout``, and the layout record's reading) on fields that
+no kind can load; no recipe is rebuilt from it. A training directory's config was written from a recipe that
+passed ``validation.load_recipe`` and is trusted.
+
+Frozen target heads come from the export when it holds them (DSpark layout), otherwise (the layout's
+``from_target`` tensors) from ``target_path`` (default: the training run's recorded target) via
+``load_head_weights``. The module is built on the meta device and its tensors assigned from the checkpoint, so no
+random initialisation runs for production-size drafters. It is returned in eval mode with gradients off, in the
+checkpoint's float dtype unless ``dtype`` is given.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,23 +31,22 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 from torch import nn
 
-from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
-from deepspec_train.kinds.serving_layouts import (
-    OMITTED_TENSORS,
-    TensorSpec,
-    check_draft_vocab,
-    layer_ids_from_eagle3_config,
-    layout_of_config,
-    validate_layout,
-)
+from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.formats.published_drafters import check_fits_target, read_drafter_weights
+from deepspec_train.kinds.eagle3_layout import check_draft_vocab
+from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
+from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
+from deepspec_train.models.draft_vocab import stored_draft_vocab
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.fingerprint import check_same_target
 from deepspec_train.target.head_weights import load_head_weights
+
+# A training output's tensors indexed by target token id (its trainable tensors and the vocabulary maps).
+TRAINED_VOCAB_TENSORS = ("markov_head.markov_w1.weight", "t2d")
 
 if TYPE_CHECKING:
     from deepspec_train.models.block_drafting import BlockDrafter
@@ -49,8 +55,6 @@ EXPORT_CONFIG = "config.json"
 # Our addition to an export's config.json (engines ignore it): the fingerprint of the target it was trained for.
 FINGERPRINT_FIELD = "training_target_fingerprint"
 EXPORT_WEIGHTS = "model.safetensors"
-# EAGLE-3 configs carry no block size; DeepSpec trains EAGLE-3 with 7 TTT steps.
-DEFAULT_EAGLE3_BLOCK = 7
 
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -164,9 +168,6 @@ def _build(
     state: dict[str, torch.Tensor],
 ) -> nn.Module:
     spec = kind_spec(drafter_cfg.kind)
-    problems = spec.recipe_problems(RecipeConfig(drafter=drafter_cfg, target=TargetConfig(layer_ids=list(layer_ids))))
-    if problems:
-        raise ValueError("; ".join(problems))
     if "d2t" in state and "t2d" in state:
         check_draft_vocab(state["d2t"], state["t2d"])
     # Built outside the meta context first: the kind may add the buffers it derives (identity maps) to ``state``.
@@ -174,16 +175,20 @@ def _build(
     return _materialise(lambda: spec.build_from_state(drafter_cfg, geometry, layer_ids, state), state)
 
 
-def _from_training_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+def _from_training_dir(root: Path, target_path: str | None, check_target: bool) -> LoadedDrafter:
     trained = read_trained_drafter(root)
     drafter_cfg, geometry, layer_ids = trained.drafter, trained.geometry, trained.target_layer_ids
     target_path = target_path or trained.target_path
-    if target_path:
+    if target_path and check_target:
         check_same_target(trained.target_fingerprint, target_path, f"the drafter in {root}")
+    elif target_path:
+        check_fits_target(TRAINED_VOCAB_TENSORS,
+                          {"hidden_size": geometry.hidden_size, "vocab_size": geometry.vocab_size},
+                          trained.weights, layer_ids, None, target_path, f"the drafter in {root}")
     state = dict(trained.weights)
     spec = kind_spec(trained.kind)
     embed, lm_head = _target_heads(target_path, _weights_dtype(state))
-    state.update(spec.frozen_head_state(embed, lm_head))
+    state.update(spec.frozen_head_state(embed, lm_head, stored_draft_vocab(state)))
     module = _build(drafter_cfg, geometry, layer_ids, state)
     return LoadedDrafter(
         module=module,
@@ -204,61 +209,38 @@ def _export_geometry(config: dict[str, Any], num_target_layers: int) -> DrafterG
     return geometry_from_target_config(SimpleNamespace(**{**config, "num_hidden_layers": num_target_layers}))
 
 
-def _from_export_dir(root: Path, target_path: str | None) -> LoadedDrafter:
+def _from_export_dir(root: Path, target_path: str | None, check_target: bool) -> LoadedDrafter:
     config = json.loads((root / EXPORT_CONFIG).read_text())
     fingerprint = config.get(FINGERPRINT_FIELD)
-    if target_path:
+    if target_path and check_target:
         check_same_target(fingerprint, target_path, f"the export in {root}")
-    layout = layout_of_config(config)
-    weights = root / EXPORT_WEIGHTS
-    validate_layout(layout, config, read_tensor_specs(weights))
-    state = load_file(str(weights))
+    layout = serving_layout(layout_of_config(config))
+    # Published drafters come sharded, pickled or (EAGLE-3) without taps: see formats.published_drafters.
+    state = read_drafter_weights(root)
+    config, state = layout.complete_published(config, state, target_path)
+    validate_layout(layout.name, config, state)
     dtype = _weights_dtype(state)
-    kind = kind_of_export(layout, config).name
-    temperatures = None
-    if layout == "dspark":
-        rank, confidence = config["markov_rank"], config["enable_confidence_head"]
-        if confidence and config["confidence_head_with_markov"] != (rank > 0):
-            raise ValueError("only confidence heads that read the Markov rows exactly when markov_rank > 0 load")
-        layer_ids, mask_id = config["target_layer_ids"], config["mask_token_id"]
-        drafter_cfg = DrafterConfig(
-            kind=kind, num_layers=config["num_hidden_layers"],
-            block_size=config["block_size"], markov_rank=rank, confidence_head=confidence, labels="dspark",
-            mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
-            markov_head_type=config["markov_head_type"],
-        )
-        temperatures = config.get("confidence_temperatures")
-        geometry = _export_geometry(config, config["num_target_layers"])
-    elif layout == "zlab-dflash":
-        layer_ids, mask_id = config["dflash_config"]["target_layer_ids"], config["dflash_config"]["mask_token_id"]
-        drafter_cfg = DrafterConfig(
-            kind=kind, num_layers=config["num_hidden_layers"], block_size=config["block_size"], markov_rank=0,
-            confidence_head=False, labels="zlab", mask_token_id=mask_id, intermediate_size=config["intermediate_size"],
-        )
-        geometry = _export_geometry(config, config["num_target_layers"])
-    else:
-        layer_ids, mask_id = layer_ids_from_eagle3_config(config), None
-        block = config.get("block_size", DEFAULT_EAGLE3_BLOCK)
-        drafter_cfg = DrafterConfig(
-            kind=kind, num_layers=1, block_size=block, ttt_steps=block, markov_rank=0, confidence_head=False,
-            draft_vocab_size=config["draft_vocab_size"], intermediate_size=config["intermediate_size"],
-        )
-        # Only used as metadata by the EAGLE-3 module; the smallest depth consistent with its taps when absent.
-        geometry = _export_geometry(config, config.get("num_target_layers", max(layer_ids) + 1))
-    omitted = OMITTED_TENSORS[layout]
-    if omitted:
-        heads = kind_spec(kind).frozen_head_state(*_target_heads(target_path, dtype))
-        state.update({name: tensor for name, tensor in heads.items() if name in omitted})
-    module = _build(drafter_cfg, geometry, layer_ids, state)
+    reading = layout.read(config)
+    kind = kind_of_export(layout.name, reading.drafter)
+    drafter_cfg = dataclasses.replace(reading.drafter, kind=kind.name)
+    geometry = _export_geometry(config, reading.num_target_layers)
+    if target_path and (fingerprint is None or not check_target):
+        # Nothing records the training target: check that the drafter's shapes and vocabulary fit this one.
+        check_fits_target(layout.target_vocab_tensors, config, state, list(reading.target_layer_ids),
+                          reading.mask_token_id, target_path, f"the drafter in {root}")
+    if layout.from_target:
+        heads = kind.frozen_head_state(*_target_heads(target_path, dtype), stored_draft_vocab(state))
+        state.update({name: tensor for name, tensor in heads.items() if name in layout.from_target})
+    module = _build(drafter_cfg, geometry, reading.target_layer_ids, state)
     return LoadedDrafter(
         module=module,
         kind=drafter_cfg.kind,
         block_size=drafter_cfg.block_size,
-        target_layer_ids=list(layer_ids),
-        mask_token_id=mask_id,
-        confidence_temperatures=None if temperatures is None else [float(t) for t in temperatures],
+        target_layer_ids=list(reading.target_layer_ids),
+        mask_token_id=reading.mask_token_id,
+        confidence_temperatures=reading.confidence_temperatures,
         labels=drafter_cfg.labels,
-        source=layout,
+        source=layout.name,
         target_fingerprint=fingerprint,
     )
 
@@ -268,12 +250,14 @@ def load_exported_drafter(
     target_path: str | None = None,
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
+    check_target: bool = True,
 ) -> LoadedDrafter:
-    """Load a drafter export or training output (see the module docstring) onto ``device``."""
+    """Load a drafter export or training output (see the module docstring) onto ``device``. ``check_target``
+    False (fine-tuning a drafter for another target) replaces the fingerprint check by ``check_fits_target``."""
     root = resolve_drafter_dir(path)
     if is_trained_drafter_dir(root):
-        loaded = _from_training_dir(root, target_path)
+        loaded = _from_training_dir(root, target_path, check_target)
     else:
-        loaded = _from_export_dir(root, target_path)
+        loaded = _from_export_dir(root, target_path, check_target)
     loaded.module.to(device=device, dtype=dtype)
     return loaded

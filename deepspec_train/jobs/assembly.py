@@ -2,9 +2,10 @@
 
 - data: the tokenised, cached ``train`` / ``validation`` datasets (``load_token_datasets``);
 - the plan: steps (``total_steps_for``), packing (``packing_spec``), the attention backend;
-- feature sources: a drafter rank's training source and fixed validation share over a tapped target
-  (``train_source``, ``validation_share``), built the same way by a colocated rank for itself and by a target
-  worker for each drafter it feeds, so both modes see the same batches;
+- a drafter rank's data: its training step plan and its fixed validation pass (``train_plan``,
+  ``validation_plan``, pure ``steps.plan.StepPlan`` records) and the chunk builder over a tapped target
+  (``chunk_builder``), made the same way by a colocated rank for itself and by a target worker for each drafter
+  it feeds, so both modes see the same batches;
 - the end of every job: ``train_and_finish`` (metrics sink -> trainer -> fit -> trained-drafter files ->
   summary), run by the colocated ranks and by the drafter workers alike.
 
@@ -18,23 +19,30 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch import nn
 
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.data.token_shards import build_token_dataset
+from deepspec_train.data.token_shards import ConversationRenderer, build_token_dataset
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.console import get_logger
 from deepspec_train.metrics.sinks import make_sink
+from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.steps.chunk_builder import ChunkBuilder
+from deepspec_train.steps.chunk_plan import PackingSpec
+from deepspec_train.steps.plan import StepPlan
 from deepspec_train.target.fingerprint import target_fingerprint
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_tokenizer
 from deepspec_train.jobs.run_directory import set_aside_metrics_after
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
-from deepspec_train.training.feature_source import FeatureSource, InProcessFeatureSource, PackingSpec, ValidationShare
+from deepspec_train.training.feature_source import FeatureSource
+from deepspec_train.training.preemption import Preempted
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
 
 log = get_logger("deepspec_train.run")
@@ -58,6 +66,7 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
         num_anchors=cfg.anchors.num_per_sequence,
         token_budget=cfg.anchors.token_budget,
         mask_token_id=cfg.drafter.mask_token_id,
+        chunk_sequences=cfg.train.micro_batch_sequences,
         label_convention=cfg.drafter.labels,
     )
 
@@ -65,7 +74,9 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
 def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
     """Tokenised ``train`` and (when named) ``validation`` datasets, cached on disk (``data.train`` is never empty:
     ``config.rules`` refuses that recipe)."""
-    tokenizer = load_tokenizer(cfg.target)
+    renderer = ConversationRenderer(
+        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking}
+    )
     datasets = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:
@@ -74,10 +85,8 @@ def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
         for building in (True, False):
             if building == ctx.is_main:
                 dataset, summary = build_token_dataset(
-                    sources, tokenizer, cfg.data.max_length, cfg.data.cache_dir, strict=cfg.data.strict,
-                    split=cfg.data.split, progress=ctx.is_main,
-                    chat_template_kwargs={"enable_thinking": cfg.data.enable_thinking},
-                    num_workers=cfg.data.num_workers,
+                    sources, renderer, cfg.data.cache_dir, strict=cfg.data.strict, split=cfg.data.split,
+                    progress=ctx.is_main, num_workers=cfg.data.num_workers,
                 )
             barrier(ctx)
         log.info("%s data: %s", split, summary.format())
@@ -85,27 +94,28 @@ def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
     return datasets
 
 
-def train_source(
-    cfg: RecipeConfig, rows, tap: TargetTap, rank: int, world_size: int, device: torch.device
-) -> InProcessFeatureSource:
-    """The training batches of drafter ``rank`` of ``world_size``: its strided share of every step."""
-    return InProcessFeatureSource(
-        rows, tap, packing_spec(cfg), cfg.train.global_batch_sequences, cfg.train.micro_batch_sequences,
-        cfg.run.seed, rank, world_size, device,
-    )
+def chunk_builder(cfg: RecipeConfig, tap: TargetTap, device: torch.device) -> ChunkBuilder:
+    return ChunkBuilder(tap, packing_spec(cfg), device)
 
 
-def validation_share(
-    cfg: RecipeConfig, rows, tap: TargetTap, rank: int, world_size: int, device: torch.device
-) -> ValidationShare:
-    """Drafter ``rank``'s share of the first ``train.eval_sequences`` validation rows."""
+def train_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:
+    """The training steps of drafter ``rank`` of ``world_size``: its strided share of every step."""
+    return StepPlan(rows, cfg.train.global_batch_sequences, cfg.run.seed, packing_spec(cfg), rank, world_size)
+
+
+def validation_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:
+    """Drafter ``rank``'s share of the first ``train.eval_sequences`` validation rows: a plan of one step (step
+    0, the validation pass) over all of them, in order, with anchors of its own seed, so every evaluation sees
+    the same blocks."""
     val_rows = rows.select(range(min(cfg.train.eval_sequences, len(rows))))
-    # Validation anchors use their own seed and a fixed order, so every evaluation sees the same blocks.
-    source = InProcessFeatureSource(
-        val_rows, tap, packing_spec(cfg), world_size, cfg.train.micro_batch_sequences, cfg.run.seed + 1,
-        rank, world_size, device, shuffle=False,
-    )
-    return ValidationShare(source, list(range(len(val_rows)))[rank::world_size])
+    if len(val_rows) < world_size:
+        raise ValueError(f"validation has {len(val_rows)} sequences, fewer than the {world_size} drafter ranks")
+    return StepPlan(val_rows, len(val_rows), cfg.run.seed + 1, packing_spec(cfg), rank, world_size, shuffle=False)
+
+
+def validation_pass(plan: StepPlan, builder: ChunkBuilder) -> Callable[[], list[PackedBatch]]:
+    """The trainer's validation batches: the micro-batches of ``plan``'s only step, built anew at each call."""
+    return lambda: builder.build_all(plan.chunks(0))
 
 
 def train_and_finish(
@@ -131,11 +141,13 @@ def train_and_finish(
     if ctx.is_main:
         n_train = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
         log.info("drafter %s: %.2fM trainable parameters; %d steps", cfg.drafter.kind, n_train / 1e6, total_steps)
-    trainer = DrafterTrainer(
-        cfg, drafter, target_head_weight, source, validation, sink, ctx, total_steps, resolve_attention(ctx),
-        resume_from,
-    )
-    summary = trainer.fit()
+    loss = DrafterLoss.for_recipe(cfg, target_head_weight, resolve_attention(ctx))
+    trainer = DrafterTrainer(cfg, drafter, loss, source, validation, sink, ctx, total_steps)
+    try:
+        summary = trainer.fit(resume_from)
+    except Preempted:
+        sink.finish()
+        raise
     if ctx.is_main:
         write_trained_drafter(drafter, cfg, out_dir / "drafter", target_fingerprint(cfg.target.path).to_dict())
         (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))

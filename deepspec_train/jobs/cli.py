@@ -24,6 +24,7 @@ VERBS: dict[str, tuple[str, str]] = {
     "profile-sps": ("deepspec_train.scheduling.profile_cli", "measure target verification steps/s per batch size"),
     "simulate": ("deepspec_train.scheduling.simulate_cli", "replay eval traces as N users: scheduler vs fixed gamma"),
     "compare": ("deepspec_train.comparison.cli", "compare drafters: markdown tables, PNG plots, optional W&B run"),
+    "suites": ("deepspec_train.suites.cli", "prepare the paper's benchmark suites (GSM8K, ...) from local files"),
     "eval": ("deepspec_train.evaluation.cli", "exact speculative decoding of prompt suites: tau, acceptance, traces"),
 }
 

@@ -7,24 +7,41 @@ from pathlib import Path
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
+    chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_pass,
+    validation_plan,
 )
+from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.builder import build_drafter
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
+from deepspec_train.training.feature_source import InProcessFeatureSource
+from deepspec_train.training.preemption import StopWatch
 from deepspec_train.training.trainer import TrainSummary
 
 
 def run_colocated(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
+    # A preemption signal sent to one rank reaches the others through the rendezvous store.
+    watch = StopWatch(ctx.rank).start() if ctx.distributed else None
+    try:
+        return _train(cfg, ctx, out_dir)
+    finally:
+        if watch is not None:
+            watch.close()
+
+
+def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     datasets = load_token_datasets(cfg, ctx)
     target = load_target_model(cfg.target, ctx.device)
     tap = TargetTap(target, cfg.target.layer_ids)
-    drafter = build_drafter(cfg, target, datasets["train"]).to(ctx.device)
+    drafter = build_drafter(cfg, target, datasets["train"])
+    initialise_from(drafter, cfg)
+    drafter = drafter.to(ctx.device)
     head_weight = target.get_output_embeddings().weight.detach()
-    source = train_source(cfg, datasets["train"], tap, ctx.rank, ctx.world_size, ctx.device)
+    builder = chunk_builder(cfg, tap, ctx.device)
+    source = InProcessFeatureSource(train_plan(cfg, datasets["train"], ctx.rank, ctx.world_size), builder)
     validation = None
     if "validation" in datasets:
-        validation = validation_share(cfg, datasets["validation"], tap, ctx.rank, ctx.world_size, ctx.device).batches
+        validation = validation_pass(validation_plan(cfg, datasets["validation"], ctx.rank, ctx.world_size), builder)
     total_steps = total_steps_for(cfg, len(datasets["train"]))
     return train_and_finish(cfg, ctx, drafter, head_weight, source, validation, total_steps, out_dir)

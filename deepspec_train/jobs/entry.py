@@ -16,6 +16,7 @@ from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.run_directory import output_dir_problems
+from deepspec_train.output_paths import ensure_output_dir
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
 
@@ -48,7 +49,15 @@ def _train_from_command_line(argv: list[str]) -> int:
     problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
     if problems:
         raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
+    if cfg.data.cache_dir:
+        ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
+    ensure_output_dir(cfg.run.output_dir, "run.output_dir")
     from deepspec_train.jobs.run import run_training
+    from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted
 
-    run_training(cfg)
+    try:
+        run_training(cfg)
+    except Preempted:
+        # Logged once by the rank that wrote the checkpoint (``training.preemption``).
+        return PREEMPTED_EXIT_CODE
     return 0

@@ -16,6 +16,8 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.colocated import run_colocated
 from deepspec_train.jobs.run_directory import claim_output_dir
 from deepspec_train.jobs.streamed import run_streamed
+from deepspec_train.training import preemption
+from deepspec_train.training.all_ranks_end import EndTogether
 from deepspec_train.training.distributed import barrier, init_distributed, shutdown
 from deepspec_train.training.trainer import TrainSummary
 
@@ -25,6 +27,7 @@ log = get_logger("deepspec_train.run")
 def run_training(cfg: RecipeConfig) -> Optional[TrainSummary]:
     """Train as this process's role; returns the summary on drafter ranks (None on target workers)."""
     ctx = init_distributed(cfg.stream.timeout_s)
+    preemption.install()
     torch.manual_seed(cfg.run.seed + ctx.rank)
     out_dir = Path(cfg.run.output_dir)
     if ctx.is_main:
@@ -35,9 +38,11 @@ def run_training(cfg: RecipeConfig) -> Optional[TrainSummary]:
     # No rank writes into the directory before rank 0 has claimed it (and moved an old run aside).
     barrier(ctx)
     try:
-        if cfg.topology.target_workers > 0:
-            return run_streamed(cfg, ctx, out_dir)
-        return run_colocated(cfg, ctx, out_dir)
+        # A user error on one rank ends every rank (``training.all_ranks_end``), before any group is torn down.
+        with EndTogether(ctx.rank, ctx.world_size):
+            if cfg.topology.target_workers > 0:
+                return run_streamed(cfg, ctx, out_dir)
+            return run_colocated(cfg, ctx, out_dir)
     finally:
         shutdown(ctx)
         if dist.is_initialized() and not ctx.distributed:

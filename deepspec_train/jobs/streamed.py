@@ -4,14 +4,17 @@ drafter workers train on them.
 Ranks ``< T`` are target ranks, in groups of ``topology.target_tp`` (``streaming.roles``): each group loads the
 data and one replica of the target (the whole target on one rank, or one tensor-parallel shard per rank,
 ``target.tensor_parallel``) and streams each served drafter its micro-batches (``streaming.target_worker``), built
-with the same ``jobs.assembly`` feature sources a colocated rank with that drafter's index would build. The other
-ranks are drafter workers: they read only the target's config, embedding and LM-head weights (never its decoder
-layers, never the data), receive features (``StreamedFeatureSource``) and finish like a colocated job
-(``train_and_finish``), with gradients synchronised over the drafter ranks only.
+from the same ``jobs.assembly`` step plans and chunk builder a colocated rank with that drafter's index would use.
+The other ranks are drafter workers: they read only the target's config, embedding and LM-head weights (never
+its decoder layers, never the data), receive features (``StreamedFeatureSource``) and finish like a colocated
+job (``train_and_finish``), with gradients synchronised over the drafter ranks only.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
@@ -20,8 +23,9 @@ import torch.distributed as dist
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    load_token_datasets, total_steps_for, train_and_finish, train_source, validation_share,
+    chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_plan,
 )
+from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
@@ -35,6 +39,7 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.target.tensor_parallel import load_target_tensor_parallel
 from deepspec_train.training.distributed import DistContext, new_groups, role_context
+from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted, StopWatch, tell_target_workers
 from deepspec_train.training.trainer import TrainSummary
 
 log = get_logger("deepspec_train.streaming")
@@ -42,7 +47,9 @@ log = get_logger("deepspec_train.streaming")
 
 def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
     """Run this rank's role; returns the summary on drafter workers (None on target ranks)."""
-    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp)
+    # The launcher's processes per node (torchrun, srun): failures then name the node of a lost peer.
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
+    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp, per_node)
     ctx = role_context(world, topology.target_ranks)
     # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
     speak_for_role(ctx.is_main)
@@ -52,12 +59,25 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         tp_group = new_groups(groups, cfg.stream.timeout_s)
     me = topology.describe(world.rank)
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
+    is_target = topology.role_of(world.rank) == "target"
+    leave = partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None
+    watch = StopWatch(world.rank, leave).start()
     try:
-        if topology.role_of(world.rank) == "target":
+        if is_target:
             run_target_role(cfg, ctx, world.rank, topology, tp_group)
             summary = None
         else:
-            summary = run_drafter_role(cfg, ctx, topology, out_dir)
+            try:
+                summary = run_drafter_role(cfg, ctx, topology, out_dir)
+            except Preempted:
+                # Every drafter has checkpointed the same step: the target workers drop what they had queued.
+                tell_target_workers(topology.target_ranks)
+                watch.close()
+                monitor.finish()
+                # As the target workers do: tearing down groups whose peers hold unfinished sends can block.
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(PREEMPTED_EXIT_CODE)
     except PeerFailure as exc:
         # The peer this rank waited for may only have left (or gone silent, waiting in a collective) because
         # another one died first: let the heartbeats name a dead peer before blaming the one waited for. A peer
@@ -74,9 +94,20 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
         if not is_peer_error(str(exc)):
             raise
         abort(f"{me}: {monitor.explain(exc)}")
+    watch.close()
     # Rank 0 hosts the rendezvous store every monitor talks through: it leaves only after everybody signed off.
     monitor.finish(wait_for_peers=world.rank == 0)
     return summary
+
+
+def _leave_with_the_drafters(monitor: PeerMonitor, rank: int) -> None:
+    """A target worker once the drafters stopped after a preemption signal: what it still had queued or was
+    computing is dropped (a resumed drafter asks for its checkpoint's next step), then it signs off (rank 0,
+    hosting the store, after every peer) and exits with the preemption status."""
+    monitor.finish(wait_for_peers=rank == 0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(PREEMPTED_EXIT_CODE)
 
 
 def run_target_role(
@@ -96,13 +127,12 @@ def run_target_role(
     drafters = topology.num_drafters
     feeds = []
     for route in topology.routes_from(group):
-        train = train_source(cfg, train_rows, tap, route.drafter, drafters, ctx.device)
         validation = None
         if "validation" in datasets:
-            validation = validation_share(cfg, datasets["validation"], tap, route.drafter, drafters, ctx.device)
-        feeds.append(DrafterFeed(route, train, validation))
+            validation = validation_plan(cfg, datasets["validation"], route.drafter, drafters)
+        feeds.append(DrafterFeed(route, train_plan(cfg, train_rows, route.drafter, drafters), validation))
     counts = None
-    if sends and kind_spec(cfg.drafter.kind).needs_token_counts:
+    if sends and kind_spec(cfg.drafter.kind).needs_token_counts(cfg.drafter):
         # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
         counts = count_supervised_tokens(train_rows, target.config.vocab_size)
     total_steps = total_steps_for(cfg, len(train_rows))
@@ -114,7 +144,8 @@ def run_target_role(
     name = topology.describe_group(group)
     if sends:
         log.info("%s feeds drafters %s; %d steps", name, [r.drafter for r in topology.routes_from(group)], plan.total_steps)
-    report = run_target_loop(feeds, plan, topology, ctx.device, cfg.stream.depth, cfg.stream.timeout_s, tp_group, sends)
+    builder = chunk_builder(cfg, tap, ctx.device)
+    report = run_target_loop(feeds, builder, plan, topology, cfg.stream, ctx.device, tp_group, sends)
     if sends:
         log.info(
             "%s done: %.1f MB sent; peak %.2f MB in flight (stream.depth = %d micro-batches)",
@@ -123,9 +154,10 @@ def run_target_role(
 
 
 def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, out_dir: Path) -> TrainSummary:
-    source = StreamedFeatureSource(topology, ctx.rank, ctx.device, cfg.stream.timeout_s)
+    source = StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s)
     # Seeded by the drafter index, as a colocated rank with that index would be, so both modes start alike.
     torch.manual_seed(cfg.run.seed + ctx.rank)
     drafter, head_weight = build_drafter_from_files(cfg, source.plan.token_counts, ctx.device)
+    initialise_from(drafter, cfg)
     validation = source.validation_batches if source.plan.has_validation else None
     return train_and_finish(cfg, ctx, drafter, head_weight, source, validation, source.plan.total_steps, out_dir)

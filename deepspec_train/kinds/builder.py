@@ -26,19 +26,16 @@ def build_drafter_for_geometry(
     geometry: DrafterGeometry,
     token_counts: Optional[torch.Tensor] = None,
 ) -> nn.Module:
-    """The untrained drafter module (random weights; heads not yet loaded)."""
-    spec = kind_spec(cfg.drafter.kind)
-    problems = spec.recipe_problems(cfg)
-    if problems:
-        raise ValueError("; ".join(problems))
-    return spec.build(cfg.drafter, geometry, list(cfg.target.layer_ids), token_counts)
+    """The untrained drafter module (random weights; heads not yet loaded). ``cfg`` has passed
+    ``validation.load_recipe``: its kind's rules are not checked again here."""
+    return kind_spec(cfg.drafter.kind).build(cfg.drafter, geometry, list(cfg.target.layer_ids), token_counts)
 
 
 def build_drafter(cfg: RecipeConfig, target: nn.Module, train_rows: Iterable[Mapping[str, Any]]) -> nn.Module:
     """Drafter for ``target`` (a loaded HF causal LM), with the target's embedding / LM head copied in."""
     spec = kind_spec(cfg.drafter.kind)
     geometry = geometry_from_target_config(target.config, cfg.drafter.intermediate_size)
-    counts = count_supervised_tokens(train_rows, geometry.vocab_size) if spec.needs_token_counts else None
+    counts = count_supervised_tokens(train_rows, geometry.vocab_size) if spec.needs_token_counts(cfg.drafter) else None
     drafter = build_drafter_for_geometry(cfg, geometry, counts)
     embed = input_embeddings(target.get_input_embeddings().weight.detach(), target.config.to_dict()).float()
     spec.load_frozen_heads(drafter, embed, target.get_output_embeddings().weight.detach().float())

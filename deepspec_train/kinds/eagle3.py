@@ -10,24 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
 from dataclasses import fields
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT, NUM_FUSED_LAYERS
 from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
 )
 from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.serving_kernels import eagle3_round
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
     from deepspec_train.models.block_drafting import BlockDrafter
+    from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
 NAME = "eagle3"
-# Low / mid / high target layers, fused by ``fc``.
-NUM_FUSED_LAYERS = 3
 
 
 def _problems(cfg: RecipeConfig) -> list[str]:
@@ -58,30 +59,6 @@ def _problems(cfg: RecipeConfig) -> list[str]:
             f"{len(cfg.target.layer_ids)} ({cfg.target.layer_ids})"
         )
     return problems
-
-
-def check_eagle3_taps(layer_ids: list[int], num_target_layers: int) -> None:
-    """Refuse EAGLE-3 taps that no serving engine can feed back in the trained order (one-line ``ValueError``).
-
-    vLLM and SGLang capture the residual stream entering each chosen decoder layer while they walk the layers in
-    order, so ``fc``'s input columns always come in increasing layer order, and the last layer's output (it
-    enters no layer) is never available. Taps must therefore be 3 non-decreasing decoder-layer ids in
-    ``0..L-2``. Repeated ids train, but each engine captures a layer once, so their export is refused later.
-    """
-    ids = list(layer_ids)
-    if len(ids) != NUM_FUSED_LAYERS or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"EAGLE-3 fuses exactly {NUM_FUSED_LAYERS} target layers (ints), got target.layer_ids={ids}")
-    if ids != sorted(ids):
-        raise ValueError(
-            f"EAGLE-3 target.layer_ids={ids} are not in increasing order; the engines feed fc in layer order, "
-            f"so train with target.layer_ids={sorted(ids)}"
-        )
-    last = num_target_layers - 2
-    if ids[0] < 0 or ids[-1] > last:
-        raise ValueError(
-            f"EAGLE-3 target.layer_ids={ids} must be decoder layers 0..{last} of the {num_target_layers}-layer "
-            "target (engines capture the state entering a layer, never the last layer's output)"
-        )
 
 
 def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
@@ -119,7 +96,7 @@ def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
     state["d2t"], state["t2d"] = full.d2t, full.t2d
 
 
-def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor) -> dict[str, torch.Tensor]:
+def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor, draft_vocab: Optional[DraftVocab]) -> dict[str, torch.Tensor]:
     return {"embed_tokens.weight": embed}
 
 
@@ -160,17 +137,17 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
 
 
 def _layouts(labels: str) -> tuple[str, ...]:
-    return ("eagle3",)
+    return (EAGLE3_LAYOUT.name,)
 
 
-def _reads_export(layout: str, config: Mapping[str, Any]) -> bool:
-    return layout == "eagle3"
+def _holds_export(drafter: DrafterConfig) -> bool:
+    return True
 
 
 EAGLE3 = DrafterKind(
     name=NAME,
     summary="one autoregressive layer on fused target features, trained with training-time test",
-    needs_token_counts=True,
+    needs_token_counts=lambda drafter_cfg: True,
     uses_mask_token=False,
     recipe_problems=_problems,
     build=_build,
@@ -182,6 +159,7 @@ EAGLE3 = DrafterKind(
     block_drafter=_block_drafter,
     sequential_passes=_sequential_passes,
     flops_per_sequence=_flops,
+    serving_round=eagle3_round,
     layouts=_layouts,
-    reads_export=_reads_export,
+    holds_export=_holds_export,
 )

@@ -3,9 +3,7 @@ a question whose answer depends on the kind (see ``kinds.spec``). A new kind is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
+from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.kinds.eagle3 import EAGLE3
 from deepspec_train.kinds.parallel import DFLASH, DSPARK
 from deepspec_train.kinds.spec import DrafterKind
@@ -20,9 +18,12 @@ def kind_spec(name: str) -> DrafterKind:
     return KINDS[name]
 
 
-def kind_of_export(layout: str, config: Mapping[str, Any]) -> DrafterKind:
-    """The kind of drafter an export config in ``layout`` holds."""
-    matches = [spec for spec in KINDS.values() if spec.reads_export(layout, config)]
+def kind_of_export(layout: str, drafter: DrafterConfig) -> DrafterKind:
+    """The kind of drafter an export in ``layout`` holds, from the ``drafter`` settings its config reads back as:
+    the one kind that exports to that layout with those labels and holds those settings."""
+    matches = [
+        spec for spec in KINDS.values() if layout in spec.layouts(drafter.labels) and spec.holds_export(drafter)
+    ]
     if len(matches) != 1:
         raise ValueError(f"a {layout} export config matches {len(matches)} drafter kinds: {[s.name for s in matches]}")
     return matches[0]

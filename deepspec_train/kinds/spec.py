@@ -4,8 +4,9 @@ Every decision that depends on the kind of drafter (DSpark, DFlash, EAGLE-3, or 
 record of that kind instead of a ``kind == ...`` switch: which recipe settings it accepts, how its module is
 built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
 selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
-costs, its FLOPs for sizing, and which serving layouts it exports to. The records themselves live in
-``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
+costs, its FLOPs for sizing, its kernel groups per serving round (``serving_cost``), and which serving layouts it
+exports to (the layouts themselves are ``ServingLayout`` records, ``kinds.layout_spec``). The records themselves
+live in ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
 
 The kind modules import torch and the model code only inside their functions: recipe validation
 (``validation.load_recipe``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
 from deepspec_train.models.geometry import DrafterGeometry
@@ -26,12 +27,14 @@ if TYPE_CHECKING:
     from torch import nn
 
     from deepspec_train.models.block_drafting import BlockDrafter
+    from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
+    from deepspec_train.serving_kernels import RoundShape, ServingRound
 
 
 @dataclass
 class LossInputs:
-    """The kind-specific arguments of ``selected_logit_loss`` for one forward's supervised rows."""
+    """The kind-specific fields of the loss's ``SupervisedRows`` for one forward's supervised rows."""
 
     weights: "torch.Tensor"
     draft_to_target: "Optional[torch.Tensor]"
@@ -51,39 +54,46 @@ class DrafterKind:
       (called on the meta device), e.g. sized by the draft-vocabulary maps stored in it.
     - ``complete_state(drafter_cfg, geometry, state)``: adds to a checkpoint ``state`` (in place) the tensors a
       checkpoint may leave out because they follow from the config (EAGLE-3's identity maps of a full vocabulary).
-    - ``frozen_head_state(embed, lm_head)``: the module's frozen copies of the target's heads, by tensor name.
+    - ``needs_token_counts(drafter_cfg)``: whether building the module needs the training data's token counts
+      (to choose a reduced draft vocabulary).
+    - ``frozen_head_state(embed, lm_head, draft_vocab)``: the module's frozen copies of the target's heads, by
+      tensor name, for a module over ``draft_vocab`` (None: the whole target vocabulary).
     - ``slot_weights(module, cfg)``: the loss's position weight of each block slot, ``[block_size]``.
     - ``loss_inputs(module, output, cfg)``: position weights, draft-vocabulary map and Markov factor for the loss.
     - ``block_drafter(module, labels)``: the evaluator's drafting strategy for a loaded module.
     - ``sequential_passes(drafter_cfg)``: decoder-layer passes one drafted block needs one after the other.
     - ``flops_per_sequence(cfg, geometry, seq_len, anchors)``: forward + backward FLOPs of one nominal sequence.
+    - ``serving_round(drafter_cfg, geometry, taps, shape)``: one serving round's sequential kernel groups, their
+      bytes and FLOPs (``serving_kernels``), for a drafter reading ``taps`` target layers.
     - ``layouts(labels)``: the serving layouts a drafter trained with ``labels`` exports to, default first.
-    - ``reads_export(layout, config)``: whether an export config in ``layout`` holds a drafter of this kind.
+    - ``holds_export(drafter_cfg)``: whether the drafter settings read back from an export in one of this kind's
+      ``layouts`` are this kind's (a DSpark and a rank-0 DFlash share the DSpark layout).
     """
 
     name: str
     summary: str
-    needs_token_counts: bool
+    needs_token_counts: Callable[[DrafterConfig], bool]
     # Whether the drafter's block input holds mask tokens (``drafter.mask_token_id``) after the anchor.
     uses_mask_token: bool
     recipe_problems: Callable[[RecipeConfig], list[str]]
     build: "Callable[[DrafterConfig, DrafterGeometry, list[int], Optional[torch.Tensor]], nn.Module]"
     build_from_state: "Callable[[DrafterConfig, DrafterGeometry, list[int], Mapping[str, torch.Tensor]], nn.Module]"
     complete_state: "Callable[[DrafterConfig, DrafterGeometry, MutableMapping[str, torch.Tensor]], None]"
-    frozen_head_state: "Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]"
+    frozen_head_state: "Callable[[torch.Tensor, torch.Tensor, Optional[DraftVocab]], dict[str, torch.Tensor]]"
     slot_weights: "Callable[[nn.Module, RecipeConfig], torch.Tensor]"
     loss_inputs: "Callable[[nn.Module, DrafterOutput, RecipeConfig], LossInputs]"
     block_drafter: "Callable[[nn.Module, str], BlockDrafter]"
     sequential_passes: Callable[[DrafterConfig], int]
     flops_per_sequence: Callable[[RecipeConfig, DrafterGeometry, int, int], float]
+    serving_round: "Callable[[DrafterConfig, DrafterGeometry, int, RoundShape], ServingRound]"
     layouts: Callable[[str], tuple[str, ...]]
-    reads_export: Callable[[str, Mapping[str, Any]], bool]
+    holds_export: Callable[[DrafterConfig], bool]
 
     def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""
         import torch
 
-        wanted = self.frozen_head_state(embed, lm_head)
+        wanted = self.frozen_head_state(embed, lm_head, getattr(module, "draft_vocab", None))
         current = dict(module.named_parameters())
         with torch.no_grad():
             for name, value in wanted.items():

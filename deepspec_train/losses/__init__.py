@@ -1,6 +1,6 @@
 """Drafter training losses: the chunked selected-logit loss (CE + TV + confidence) and position weights."""
 
 from deepspec_train.losses.position_weights import decay_weights
-from deepspec_train.losses.selected_logit_loss import LossOutput, selected_logit_loss
+from deepspec_train.losses.selected_logit_loss import LossOutput, LossSettings, SupervisedRows, selected_logit_loss
 
-__all__ = ["LossOutput", "decay_weights", "selected_logit_loss"]
+__all__ = ["LossOutput", "LossSettings", "SupervisedRows", "decay_weights", "selected_logit_loss"]

@@ -36,6 +36,11 @@ p_t[d2t[j]])``. Rows whose label is not in the draft vocabulary get no CE term (
 ``LossOutput.num_label_outside_draft_vocab`` counts them. With ``l1`` the uncovered mass counts twice too
 (``l1_i = 2 * tv_i`` holds with a draft vocabulary as well).
 
+The call is ``selected_logit_loss(rows, settings, normalizer)``: ``rows`` (``SupervisedRows``) holds every
+tensor of the call, the optional ones (Markov rows and factor, confidence logits, draft-vocabulary map) included,
+as one frozen record that the chunk loop passes down whole; ``settings`` (``LossSettings``) holds the scalar
+knobs of ``cfg.loss``, checked once when the record is made.
+
 Gradients reach ``draft_hidden``, ``markov_rows``, ``markov_w2``, ``conf_logits`` and ``draft_head_weight``
 (only when it requires grad: EAGLE-3 trains its own head, DSpark's copy of the target head is frozen); never
 the target tensors, the weights or ``c*``. Softmax runs in fp32 whatever the input dtype.
@@ -43,14 +48,77 @@ the target tensors, the weights or ``c*``. Softmax runs in fp32 whatever the inp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
+from deepspec_train.config.schema import LossConfig
+
 _DIFFERENTIABLE = ("draft_hidden", "draft_head_weight", "markov_rows", "markov_w2", "conf_logits")
+# The fields of ``SupervisedRows`` with one entry per row: the ones a chunk of rows slices.
+_PER_ROW = ("draft_hidden", "target_hidden", "labels", "weights", "markov_rows", "conf_logits")
 # The distance term in units of total variation: L1 = sum |p_d - p_t| = 2 TV.
 DISTANCE_SCALE = {"tv": 1.0, "l1": 2.0}
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The scalar knobs of ``selected_logit_loss``, from ``cfg.loss`` once per run (``LossSettings.of``) and
+    checked once when the record is made. The position weights and the normaliser are the caller's."""
+
+    temperature: float = 1.0
+    alpha_ce: float = 0.1
+    alpha_tv: float = 0.9
+    alpha_conf: float = 1.0
+    distance: str = "tv"
+    chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.distance not in DISTANCE_SCALE:
+            raise ValueError(f"distance must be one of {sorted(DISTANCE_SCALE)}, got {self.distance!r}")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, got {self.chunk_size}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature}")
+
+    @classmethod
+    def of(cls, loss: LossConfig) -> "LossSettings":
+        """The settings of a recipe's ``loss`` section."""
+        return cls(loss.temperature, loss.alpha_ce, loss.alpha_tv, loss.alpha_conf, loss.distance, loss.chunk_size)
+
+
+@dataclass(frozen=True)
+class SupervisedRows:
+    """The tensors of one loss call over ``N`` supervised rows; see ``selected_logit_loss`` for the shapes.
+
+    The last four are optional: only a drafter with a Markov head has ``markov_rows`` and ``markov_w2``, only one
+    with a confidence head ``conf_logits``, only one with a reduced draft vocabulary ``draft_to_target``.
+    """
+
+    draft_hidden: torch.Tensor
+    draft_head_weight: torch.Tensor
+    target_hidden: torch.Tensor
+    target_head_weight: torch.Tensor
+    labels: torch.Tensor
+    weights: torch.Tensor
+    markov_rows: Optional[torch.Tensor] = None
+    markov_w2: Optional[torch.Tensor] = None
+    conf_logits: Optional[torch.Tensor] = None
+    draft_to_target: Optional[torch.Tensor] = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.draft_hidden.shape[0]
+
+    def select(self, rows: slice) -> "SupervisedRows":
+        """The same record for ``rows`` only: per-row tensors sliced, the heads and maps kept whole."""
+        return replace(self, **{name: _rows_of(getattr(self, name), rows) for name in _PER_ROW})
+
+
+def _rows_of(tensor: Optional[torch.Tensor], rows: slice) -> Optional[torch.Tensor]:
+    return None if tensor is None else tensor[rows]
 
 
 @dataclass
@@ -100,63 +168,32 @@ class _PrecomputedGradients(torch.autograd.Function):
 
 
 def selected_logit_loss(
-    draft_hidden: torch.Tensor,
-    draft_head_weight: torch.Tensor,
-    target_hidden: torch.Tensor,
-    target_head_weight: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor,
-    *,
-    markov_rows: torch.Tensor | None = None,
-    markov_w2: torch.Tensor | None = None,
-    conf_logits: torch.Tensor | None = None,
-    draft_to_target: torch.Tensor | None = None,
-    temperature: float = 1.0,
-    alpha_ce: float = 0.1,
-    alpha_tv: float = 0.9,
-    alpha_conf: float = 1.0,
-    distance: str = "tv",
-    chunk_size: int = 1024,
+    rows: SupervisedRows,
+    settings: LossSettings = LossSettings(),
     normalizer: float | torch.Tensor | None = None,
 ) -> LossOutput:
     """Chunked CE + TV (or L1) + confidence loss over ``N`` supervised rows; see the module docstring.
 
-    Shapes: ``draft_hidden [N, d]``, ``draft_head_weight [Vd, d]``, ``target_hidden [N, dt]``,
+    Shapes in ``rows``: ``draft_hidden [N, d]``, ``draft_head_weight [Vd, d]``, ``target_hidden [N, dt]``,
     ``target_head_weight [V, dt]``, ``labels [N]`` (target ids), ``weights [N]``, ``markov_rows [N, r]``,
-    ``markov_w2 [Vd, r]``, ``conf_logits [N]``, ``draft_to_target [Vd]`` (``Vd == V`` without it), ``normalizer``
+    ``markov_w2 [Vd, r]``, ``conf_logits [N]``, ``draft_to_target [Vd]`` (``Vd == V`` without it); ``normalizer``
     a positive number or a positive ``[N]`` tensor (one denominator per row).
     """
-    _check_inputs(draft_hidden, draft_head_weight, target_hidden, target_head_weight, labels, weights,
-                  markov_rows, markov_w2, conf_logits, draft_to_target, chunk_size, temperature)
-    if distance not in DISTANCE_SCALE:
-        raise ValueError(f"distance must be one of {sorted(DISTANCE_SCALE)}, got {distance!r}")
-    num_rows = draft_hidden.shape[0]
+    _check_inputs(rows)
+    num_rows = rows.num_rows
     # Softmax and the loss terms run in fp32 at least (fp64 stays fp64, which the reference tests rely on).
-    compute_dtype = torch.promote_types(draft_hidden.dtype, torch.float32)
-    row_normalizer = _row_normalizer(normalizer, num_rows, compute_dtype, draft_hidden.device)
-    coeffs = _Coefficients(compute_dtype, float(temperature), float(alpha_ce),
-                           float(alpha_tv) * DISTANCE_SCALE[distance], float(alpha_conf))
+    compute_dtype = torch.promote_types(rows.draft_hidden.dtype, torch.float32)
+    row_normalizer = _row_normalizer(normalizer, num_rows, compute_dtype, rows.draft_hidden.device)
+    coeffs = _Coefficients(compute_dtype, float(settings.temperature), float(settings.alpha_ce),
+                           float(settings.alpha_tv) * DISTANCE_SCALE[settings.distance], float(settings.alpha_conf))
 
-    differentiable = {
-        "draft_hidden": draft_hidden,
-        "draft_head_weight": draft_head_weight,
-        "markov_rows": markov_rows,
-        "markov_w2": markov_w2,
-        "conf_logits": conf_logits,
-    }
+    differentiable = {name: getattr(rows, name) for name in _DIFFERENTIABLE}
     wanted = {
         name: torch.is_grad_enabled() and t is not None and t.requires_grad
         for name, t in differentiable.items()
     }
     with torch.no_grad():
-        result = _run_chunks(
-            draft_hidden.detach(), draft_head_weight.detach(), target_hidden.detach(),
-            target_head_weight.detach(), labels.long(), weights.detach().to(compute_dtype), row_normalizer,
-            None if markov_rows is None else markov_rows.detach(),
-            None if markov_w2 is None else markov_w2.detach(),
-            None if conf_logits is None else conf_logits.detach(),
-            draft_to_target, coeffs, chunk_size, wanted,
-        )
+        result = _run_chunks(_detached(rows, compute_dtype), row_normalizer, coeffs, settings.chunk_size, wanted)
     loss = result.pop("loss")
     grads = result.pop("grads")
     if any(wanted.values()):
@@ -164,6 +201,18 @@ def selected_logit_loss(
         grad_tuple = tuple(grads.get(name) for name in _DIFFERENTIABLE)
         loss = _PrecomputedGradients.apply(loss, grad_tuple, *inputs)
     return LossOutput(loss=loss, **result)
+
+
+def _detached(rows: SupervisedRows, compute_dtype: torch.dtype) -> SupervisedRows:
+    """The chunk loop's copy of ``rows``: no autograd history, integer labels, weights in the compute dtype."""
+    return SupervisedRows(
+        rows.draft_hidden.detach(), rows.draft_head_weight.detach(), rows.target_hidden.detach(),
+        rows.target_head_weight.detach(), rows.labels.long(), rows.weights.detach().to(compute_dtype),
+        markov_rows=None if rows.markov_rows is None else rows.markov_rows.detach(),
+        markov_w2=None if rows.markov_w2 is None else rows.markov_w2.detach(),
+        conf_logits=None if rows.conf_logits is None else rows.conf_logits.detach(),
+        draft_to_target=rows.draft_to_target,
+    )
 
 
 def _row_normalizer(
@@ -185,58 +234,52 @@ def _row_normalizer(
 
 
 def _run_chunks(
-    draft_hidden: torch.Tensor,
-    draft_head_weight: torch.Tensor,
-    target_hidden: torch.Tensor,
-    target_head_weight: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor,
+    rows: SupervisedRows,
     normalizer: torch.Tensor,
-    markov_rows: torch.Tensor | None,
-    markov_w2: torch.Tensor | None,
-    conf_logits: torch.Tensor | None,
-    draft_to_target: torch.Tensor | None,
     coeffs: _Coefficients,
     chunk_size: int,
     wanted: dict[str, bool],
 ) -> dict:
-    """Loop over row chunks; return the loss value, detached diagnostics and the requested gradients."""
-    num_rows = draft_hidden.shape[0]
-    device = draft_hidden.device
+    """Loop over row chunks of the detached ``rows``; return the loss value, detached diagnostics and the
+    requested gradients."""
+    num_rows = rows.num_rows
+    device = rows.draft_hidden.device
+    weights = rows.weights
     row_coef = weights / normalizer
-    draft_label, label_in_draft = _labels_in_draft_vocab(labels, draft_to_target, target_head_weight.shape[0])
+    draft_label, label_in_draft = _labels_in_draft_vocab(
+        rows.labels, rows.draft_to_target, rows.target_head_weight.shape[0]
+    )
     need_logit_grad = any(wanted[name] for name in _DIFFERENTIABLE if name != "conf_logits")
-    grads = _gradient_buffers(wanted, draft_hidden, draft_head_weight, markov_rows, markov_w2, conf_logits)
+    grads = _gradient_buffers(wanted, rows)
     # The Markov bias is accumulated into compute-dtype logits: cast W2 once, not once per chunk.
-    markov_w2_compute = None if markov_w2 is None else markov_w2.to(coeffs.compute_dtype)
+    markov_w2_compute = None if rows.markov_w2 is None else rows.markov_w2.to(coeffs.compute_dtype)
 
     def per_row(dtype: torch.dtype = coeffs.compute_dtype) -> torch.Tensor:
         return torch.zeros(num_rows, dtype=dtype, device=device)
 
     ce, tv, bce, c_star = per_row(), per_row(), per_row(), per_row()
     draft_correct, target_correct = per_row(torch.bool), per_row(torch.bool)
-    conf_prob = None if conf_logits is None else per_row()
+    conf_prob = None if rows.conf_logits is None else per_row()
 
     for start in range(0, num_rows, chunk_size):
-        rows = slice(start, min(start + chunk_size, num_rows))
-        h = draft_hidden[rows]
-        m = None if markov_rows is None else markov_rows[rows]
+        span = slice(start, min(start + chunk_size, num_rows))
+        chunk_rows = rows.select(span)
         chunk = _chunk_terms(
-            h, draft_head_weight, target_hidden[rows], target_head_weight, labels[rows], draft_label[rows],
-            label_in_draft[rows], row_coef[rows], m, markov_w2_compute, draft_to_target, coeffs, need_logit_grad,
+            chunk_rows, draft_label[span], label_in_draft[span], row_coef[span], markov_w2_compute, coeffs,
+            need_logit_grad,
         )
-        ce[rows], tv[rows], c_star[rows] = chunk["ce"], chunk["tv"], chunk["c_star"]
-        draft_correct[rows], target_correct[rows] = chunk["draft_correct"], chunk["target_correct"]
-        if conf_logits is not None:
-            x = conf_logits[rows].to(coeffs.compute_dtype)
-            bce[rows] = F.binary_cross_entropy_with_logits(x, chunk["c_star"], reduction="none")
-            conf_prob[rows] = torch.sigmoid(x)
+        ce[span], tv[span], c_star[span] = chunk["ce"], chunk["tv"], chunk["c_star"]
+        draft_correct[span], target_correct[span] = chunk["draft_correct"], chunk["target_correct"]
+        if chunk_rows.conf_logits is not None:
+            x = chunk_rows.conf_logits.to(coeffs.compute_dtype)
+            bce[span] = F.binary_cross_entropy_with_logits(x, chunk["c_star"], reduction="none")
+            conf_prob[span] = torch.sigmoid(x)
             if wanted["conf_logits"]:
                 # d BCE(x, c) / dx = sigmoid(x) - c, with c* held constant.
-                d_conf = row_coef[rows] * coeffs.alpha_conf * (conf_prob[rows] - chunk["c_star"])
-                grads["conf_logits"][rows] = d_conf
+                d_conf = row_coef[span] * coeffs.alpha_conf * (conf_prob[span] - chunk["c_star"])
+                grads["conf_logits"][span] = d_conf
         if need_logit_grad:
-            _project_logit_grad(chunk["logit_grad"], h, draft_head_weight, m, markov_w2, rows, grads)
+            _project_logit_grad(chunk["logit_grad"], chunk_rows, span, grads)
         # Free this chunk's [C, V] gradient before the next chunk allocates its logits.
         del chunk
 
@@ -244,7 +287,7 @@ def _run_chunks(
     w64 = weights.double()
     return {
         "loss": (w64 * combined / normalizer.double()).sum().to(coeffs.compute_dtype),
-        "grads": _cast_to_input_dtypes(grads, draft_hidden, draft_head_weight, markov_rows, markov_w2, conf_logits),
+        "grads": _cast_to_input_dtypes(grads, rows),
         "ce_sum": (w64 * ce.double()).sum().to(coeffs.compute_dtype),
         "tv_sum": (w64 * tv.double()).sum().to(coeffs.compute_dtype),
         "conf_sum": (w64 * bce.double()).sum().to(coeffs.compute_dtype),
@@ -257,37 +300,32 @@ def _run_chunks(
 
 
 def _chunk_terms(
-    h: torch.Tensor,
-    draft_head_weight: torch.Tensor,
-    target_h: torch.Tensor,
-    target_head_weight: torch.Tensor,
-    labels: torch.Tensor,
+    chunk: SupervisedRows,
     draft_label: torch.Tensor,
     label_in_draft: torch.Tensor,
     row_coef: torch.Tensor,
-    markov_rows: torch.Tensor | None,
     markov_w2: torch.Tensor | None,
-    draft_to_target: torch.Tensor | None,
     coeffs: _Coefficients,
     need_logit_grad: bool,
 ) -> dict[str, torch.Tensor]:
-    """Per-row CE, TV, c* and argmax hits for one chunk, plus d loss / d draft logits when asked
-    (``markov_w2`` comes already cast to the compute dtype).
+    """Per-row CE, TV, c* and argmax hits for one chunk of rows, plus d loss / d draft logits when asked
+    (``markov_w2`` is the chunk's Markov factor already cast to the compute dtype).
 
     Works in place on a handful of ``[C, V]`` fp32 buffers: those are the whole memory cost of the loss.
     """
     t = coeffs.temperature
-    target_logits = (target_h @ target_head_weight.T).to(coeffs.compute_dtype)
+    labels, draft_to_target = chunk.labels, chunk.draft_to_target
+    target_logits = (chunk.target_hidden @ chunk.target_head_weight.T).to(coeffs.compute_dtype)
     target_correct = target_logits.argmax(dim=-1) == labels
     p_target = torch.softmax(target_logits.div_(t), dim=-1)
     del target_logits
     covered = p_target if draft_to_target is None else p_target.index_select(1, draft_to_target)
     del p_target
 
-    logits = (h @ draft_head_weight.T).to(coeffs.compute_dtype)
-    if markov_rows is not None:
+    logits = (chunk.draft_hidden @ chunk.draft_head_weight.T).to(coeffs.compute_dtype)
+    if chunk.markov_rows is not None:
         # Accumulate the bias inside the GEMM (beta = 1): no [C, V] temporary and no separate add pass.
-        logits.addmm_(markov_rows.to(logits.dtype), markov_w2.T)
+        logits.addmm_(chunk.markov_rows.to(logits.dtype), markov_w2.T)
     draft_argmax = logits.argmax(dim=-1)
     draft_token = draft_argmax if draft_to_target is None else draft_to_target[draft_argmax]
     logits.div_(t)
@@ -337,18 +375,14 @@ def _draft_logit_grad(
 
 
 def _project_logit_grad(
-    logit_grad: torch.Tensor,
-    h: torch.Tensor,
-    draft_head_weight: torch.Tensor,
-    markov_rows: torch.Tensor | None,
-    markov_w2: torch.Tensor | None,
-    rows: slice,
-    grads: dict[str, torch.Tensor],
+    logit_grad: torch.Tensor, chunk: SupervisedRows, rows: slice, grads: dict[str, torch.Tensor]
 ) -> None:
-    """Chain rule through ``logits = h @ W^T + m @ W2^T`` for one chunk of rows."""
+    """Chain rule through ``logits = h @ W^T + m @ W2^T`` for one chunk of rows (``rows`` locates the chunk in
+    the row-shaped gradient buffers)."""
+    h, markov_rows, markov_w2 = chunk.draft_hidden, chunk.markov_rows, chunk.markov_w2
     g = logit_grad.to(h.dtype)
     if "draft_hidden" in grads:
-        grads["draft_hidden"][rows] = g @ draft_head_weight
+        grads["draft_hidden"][rows] = g @ chunk.draft_head_weight
     if "draft_head_weight" in grads:
         _accumulate_product(grads["draft_head_weight"], g.T, h)
     if "markov_rows" in grads:
@@ -365,18 +399,10 @@ def _accumulate_product(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
         acc.add_(a @ b)
 
 
-def _gradient_buffers(
-    wanted: dict[str, bool],
-    draft_hidden: torch.Tensor,
-    draft_head_weight: torch.Tensor,
-    markov_rows: torch.Tensor | None,
-    markov_w2: torch.Tensor | None,
-    conf_logits: torch.Tensor | None,
-) -> dict[str, torch.Tensor]:
+def _gradient_buffers(wanted: dict[str, bool], rows: SupervisedRows) -> dict[str, torch.Tensor]:
     """Gradient buffers for the wanted inputs; row-shaped ones are filled per chunk, weight-shaped ones
     accumulate over chunks and so accumulate in fp32 at least, whatever the weight dtype."""
-    shapes = {"draft_hidden": draft_hidden, "draft_head_weight": draft_head_weight, "markov_rows": markov_rows,
-              "markov_w2": markov_w2, "conf_logits": conf_logits}
+    shapes = {name: getattr(rows, name) for name in _DIFFERENTIABLE}
     accumulated = {"draft_head_weight", "markov_w2"}
     return {
         name: torch.zeros_like(t, dtype=torch.promote_types(t.dtype, torch.float32)) if name in accumulated
@@ -385,10 +411,9 @@ def _gradient_buffers(
     }
 
 
-def _cast_to_input_dtypes(grads: dict[str, torch.Tensor], *inputs: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _cast_to_input_dtypes(grads: dict[str, torch.Tensor], rows: SupervisedRows) -> dict[str, torch.Tensor]:
     """Autograd requires each gradient in its input's dtype."""
-    by_name = dict(zip(_DIFFERENTIABLE, inputs))
-    return {name: g.to(by_name[name].dtype) for name, g in grads.items()}
+    return {name: g.to(getattr(rows, name).dtype) for name, g in grads.items()}
 
 
 def _labels_in_draft_vocab(
@@ -403,22 +428,15 @@ def _labels_in_draft_vocab(
     return draft_label.clamp_min(0), draft_label >= 0
 
 
-def _check_inputs(
-    draft_hidden: torch.Tensor,
-    draft_head_weight: torch.Tensor,
-    target_hidden: torch.Tensor,
-    target_head_weight: torch.Tensor,
-    labels: torch.Tensor,
-    weights: torch.Tensor,
-    markov_rows: torch.Tensor | None,
-    markov_w2: torch.Tensor | None,
-    conf_logits: torch.Tensor | None,
-    draft_to_target: torch.Tensor | None,
-    chunk_size: int,
-    temperature: float,
-) -> None:
+def _check_inputs(rows: SupervisedRows) -> None:
     """Fail early, with the offending shapes, rather than deep inside a chunk."""
-    n, d = draft_hidden.shape
+    draft_head_weight, target_hidden, target_head_weight = (
+        rows.draft_head_weight, rows.target_hidden, rows.target_head_weight
+    )
+    labels, markov_rows, markov_w2, draft_to_target = (
+        rows.labels, rows.markov_rows, rows.markov_w2, rows.draft_to_target
+    )
+    n, d = rows.draft_hidden.shape
     vd = draft_head_weight.shape[0]
     v = target_head_weight.shape[0]
 
@@ -430,15 +448,13 @@ def _check_inputs(
     expect(target_hidden.shape[0] == n and target_hidden.shape[1] == target_head_weight.shape[1],
            f"target hidden {tuple(target_hidden.shape)} vs head {tuple(target_head_weight.shape)} for {n} rows")
     expect(labels.shape == (n,) and not labels.is_floating_point(), f"labels must be integer [{n}]")
-    expect(weights.shape == (n,), f"weights must be [{n}], got {tuple(weights.shape)}")
-    expect(chunk_size > 0, f"chunk_size must be positive, got {chunk_size}")
-    expect(temperature > 0, f"temperature must be positive, got {temperature}")
+    expect(rows.weights.shape == (n,), f"weights must be [{n}], got {tuple(rows.weights.shape)}")
     expect((markov_rows is None) == (markov_w2 is None), "markov_rows and markov_w2 go together")
     if markov_rows is not None:
         expect(markov_rows.shape[0] == n and markov_w2.shape == (vd, markov_rows.shape[1]),
                f"markov rows {tuple(markov_rows.shape)} / w2 {tuple(markov_w2.shape)} vs {n} rows, {vd} ids")
-    if conf_logits is not None:
-        expect(conf_logits.shape == (n,), f"conf_logits must be [{n}], got {tuple(conf_logits.shape)}")
+    if rows.conf_logits is not None:
+        expect(rows.conf_logits.shape == (n,), f"conf_logits must be [{n}], got {tuple(rows.conf_logits.shape)}")
     if draft_to_target is None:
         expect(vd == v, f"draft vocabulary {vd} != target vocabulary {v} needs draft_to_target")
     else:

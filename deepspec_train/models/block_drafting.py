@@ -12,7 +12,9 @@ the decoder uses ``R = 1``; the losslessness test drafts thousands of rows at on
   for the vanilla head, gated by the slot state for the gated head, the recurrent state's output for the RNN
   head (which carries its state from slot to slot). The confidence logit of slot ``k`` reads ``W1[prev]`` with
   the same ``prev`` as its logits. DFlash has neither head. A drafter trained with z-lab labels
-  (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``.
+  (slot ``j >= 1`` predicts ``x_{a+j}``) drafts from slots ``1..B-1``. Over a reduced draft vocabulary each
+  slot samples a draft id, mapped to its target id through ``d2t`` (the Markov step reads target ids), and ``q``
+  is zero outside the draft vocabulary.
 - EAGLE-3 (``Eagle3BlockDrafter``): autoregressive; step ``k`` consumes the token sampled at step ``k-1``. Its
   draft vocabulary is mapped back to target ids through ``d2t``, and ``q`` is zero outside the draft vocabulary.
 
@@ -34,6 +36,7 @@ from typing import Callable, Optional, Protocol
 
 import torch
 
+from deepspec_train.config.schema import DSPARK_LABELS, LABEL_CONVENTIONS, ZLAB_LABELS
 from deepspec_train.models.sampling import probs_from_logits
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.models.parallel_drafter import ParallelDrafter
@@ -127,12 +130,12 @@ def sample_tokens(probs: torch.Tensor, temperature: float, generator: Optional[t
 class ParallelBlockDrafter:
     """DSpark / DFlash drafting: one backbone pass, then sequential Markov sampling (see the module docstring)."""
 
-    def __init__(self, module: ParallelDrafter, labels: str = "dspark") -> None:
-        if labels not in ("dspark", "zlab"):
+    def __init__(self, module: ParallelDrafter, labels: str = DSPARK_LABELS) -> None:
+        if labels not in LABEL_CONVENTIONS:
             raise ValueError(f"unknown label convention {labels!r}")
         self.module = module
         # z-lab labels: slot 0 holds the anchor and predicts nothing, so drafts come from slots 1..B-1.
-        self.slot_offset = 1 if labels == "zlab" else 0
+        self.slot_offset = 1 if labels == ZLAB_LABELS else 0
         self.max_block_size = module.block_size - self.slot_offset
 
     @torch.no_grad()
@@ -171,6 +174,7 @@ class ParallelBlockDrafter:
         if head is not None:
             state, projection = head.initial_state(hidden[:, 0]), head.hidden_projection(hidden)
         prev = anchor_tokens.clone()
+        vocab = module.draft_vocab
         tokens, probs = [], []
         for k in range(num_tokens):
             logits = base_logits[:, k]
@@ -180,6 +184,11 @@ class ParallelBlockDrafter:
                 logits = torch.addmm(logits, latent, head.markov_w2.weight.T)
             q = probs_from_logits(logits, temperature)
             prev = sample_tokens(q, temperature, generator)
+            if vocab is not None:
+                # Over a reduced vocabulary the draft lives on draft ids: the sample (which the next Markov step
+                # reads) and its distribution move to target ids, where verification happens.
+                prev = vocab.draft_to_target(prev)
+                q = q.new_zeros(q.shape[0], vocab.target_vocab_size).index_copy_(1, vocab.target_ids(), q)
             tokens.append(prev)
             probs.append(q)
         drafted = torch.stack(tokens, dim=1)

@@ -91,3 +91,10 @@ def count_supervised_tokens(dataset_iter: Iterable[Mapping[str, Any]], vocab_siz
             raise ValueError(f"token ids outside [0, {vocab_size})")
         counts += torch.bincount(ids[mask], minlength=vocab_size)
     return counts
+
+
+def stored_draft_vocab(state: Mapping[str, torch.Tensor]) -> DraftVocab | None:
+    """The draft vocabulary a checkpoint ``state`` stores (its ``d2t`` / ``t2d`` maps); None when it stores none."""
+    if "d2t" in state and "t2d" in state:
+        return DraftVocab(d2t=state["d2t"], t2d=state["t2d"])
+    return None

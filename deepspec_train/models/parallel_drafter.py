@@ -12,7 +12,13 @@ token ``x_prev``) and a confidence head (``Linear(d + r, 1)`` on ``[h_k ; W1[x_p
 of DeepSpec's / SGLang's three ``markov_head_type`` forms (``MarkovHead``): ``vanilla`` (``u_k = W1[x_prev]``),
 ``gated`` (a sigmoid gate on ``W1[x_prev]`` read from ``[h_k ; W1[x_prev]]``) or ``rnn`` (a GRU-like state carried
 left to right through the block's slots, so slot ``k`` sees every earlier token of its block, not only the last).
-DFlash is ``markov_rank = 0`` and ``confidence_head = False``: a recipe switch. ``forward`` returns slot states
+DFlash is ``markov_rank = 0`` and ``confidence_head = False``: a recipe switch.
+
+A DSpark may draft over a reduced vocabulary (``drafter.draft_vocab_size``: the ``N`` target tokens most often
+supervised in the training data, ``models.draft_vocab``), as vLLM serves it: the LM head (frozen rows of the
+target's) and the Markov factor ``W2`` then have ``N`` rows, the draft logits live on draft ids, and ``d2t`` /
+``t2d`` buffers map them to target ids. The Markov input ``W1`` and the token embedding keep the full vocabulary
+(they read target ids: the anchor and the tokens sampled before). ``forward`` returns slot states
 only at supervised slots; full-vocabulary logits are left to the chunked loss (``slot_logits`` computes them for
 inference and tests).
 """
@@ -27,14 +33,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.config.schema import MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
+from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.qwen3_layers import AttentionBackend, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, attend
 from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
 
 INIT_STD = 0.02
-MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
 
 
 @dataclass
@@ -134,7 +140,8 @@ class ParallelDecoderLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """Low-rank sequential bias ``W2 u_k`` (``markov_w2.weight`` is ``[V, r]``), in DeepSpec's three forms.
+    """Low-rank sequential bias ``W2 u_k`` (``markov_w2.weight`` is ``[V, r]``, ``[N, r]`` over a reduced draft
+    vocabulary of ``N`` tokens), in DeepSpec's three forms.
 
     With ``e_k = W1[x_prev]`` (``markov_w1 [V, r]``) and ``h_k`` the slot's final-normed state (the LM head's
     input), the latent ``u_k`` is:
@@ -149,14 +156,19 @@ class MarkovHead(nn.Module):
     ``RNNHead``), which loads each type; vLLM's ``qwen3_dspark.py`` has only the vanilla head.
     """
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int, head_type: str = "vanilla") -> None:
+    def __init__(
+        self, vocab_size: int, rank: int, hidden_size: int, head_type: str = VANILLA_MARKOV_HEAD,
+        draft_vocab_size: int = 0,
+    ) -> None:
+        """``vocab_size``: the target vocabulary ``W1`` reads; ``draft_vocab_size``: the rows of ``W2`` (0: the
+        target vocabulary too)."""
         super().__init__()
         if head_type not in MARKOV_HEAD_TYPES:
             raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {head_type!r}")
         self.head_type = head_type
         self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, draft_vocab_size or vocab_size, bias=False)
         if head_type == "gated":
             self.gate_proj = nn.Linear(hidden_size + rank, rank)
         elif head_type == "rnn":
@@ -223,11 +235,23 @@ class ConfidenceHead(nn.Module):
 class ParallelDrafter(nn.Module):
     """DSpark / DFlash drafter; see the module docstring."""
 
-    def __init__(self, geometry: DrafterGeometry, drafter_cfg: DrafterConfig, target_layer_ids: list[int]) -> None:
+    def __init__(
+        self,
+        geometry: DrafterGeometry,
+        drafter_cfg: DrafterConfig,
+        target_layer_ids: list[int],
+        draft_vocab: Optional[DraftVocab] = None,
+    ) -> None:
+        """``draft_vocab``: a reduced draft vocabulary (None, or a full one: draft over the target vocabulary)."""
         super().__init__()
         if not 0 <= drafter_cfg.mask_token_id < geometry.vocab_size:
             raise ValueError(f"mask_token_id {drafter_cfg.mask_token_id} outside vocab {geometry.vocab_size}")
         d, vocab, rank = geometry.hidden_size, geometry.vocab_size, drafter_cfg.markov_rank
+        # A draft vocabulary as large as the target's is the identity (``build_draft_vocab``): no maps needed.
+        reduced = draft_vocab is not None and draft_vocab.size < draft_vocab.target_vocab_size
+        if reduced and draft_vocab.target_vocab_size != vocab:
+            raise ValueError(f"draft vocab maps a {draft_vocab.target_vocab_size}-token vocabulary, target has {vocab}")
+        draft_size = draft_vocab.size if reduced else 0
         self.geometry = geometry
         self.block_size = drafter_cfg.block_size
         self.mask_token_id = drafter_cfg.mask_token_id
@@ -242,9 +266,15 @@ class ParallelDrafter(nn.Module):
         self.hidden_norm = RMSNorm(d, geometry.rms_norm_eps)
         self.layers = nn.ModuleList(ParallelDecoderLayer(geometry) for _ in range(drafter_cfg.num_layers))
         self.norm = RMSNorm(d, geometry.rms_norm_eps)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.lm_head = nn.Linear(d, draft_size or vocab, bias=False)
         self.rotary = RotaryEmbedding.for_geometry(geometry)
-        self.markov_head = MarkovHead(vocab, rank, d, drafter_cfg.markov_head_type) if rank > 0 else None
+        self.markov_head = (
+            MarkovHead(vocab, rank, d, drafter_cfg.markov_head_type, draft_size) if rank > 0 else None
+        )
+        if reduced:
+            # Only a reduced vocabulary has maps: a full-vocabulary drafter's state is what it always was.
+            self.register_buffer("d2t", draft_vocab.d2t.clone())
+            self.register_buffer("t2d", draft_vocab.t2d.clone())
         self.confidence_head = ConfidenceHead(d, rank) if drafter_cfg.confidence_head else None
         self.reset_parameters()
         self.embed_tokens.requires_grad_(False)
@@ -264,11 +294,18 @@ class ParallelDrafter(nn.Module):
         if self.markov_head is not None and self.markov_init == "zero":
             nn.init.zeros_(self.markov_head.markov_w2.weight)
 
+    @property
+    def draft_vocab(self) -> Optional[DraftVocab]:
+        """The reduced draft vocabulary's maps; None when the drafter drafts over the whole target vocabulary."""
+        return DraftVocab(d2t=self.d2t, t2d=self.t2d) if hasattr(self, "d2t") else None
+
     @torch.no_grad()
     def load_target_heads(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
-        """Copy the target's token embedding and LM head (both ``[V, d]``; pass the same tensor when tied)."""
+        """Copy the target's token embedding and LM head (both ``[V, d]``; pass the same tensor when tied); over a
+        reduced draft vocabulary, the LM head's rows of the draft tokens."""
         self.embed_tokens.weight.copy_(embed_weight)
-        self.lm_head.weight.copy_(lm_head_weight)
+        vocab = self.draft_vocab
+        self.lm_head.weight.copy_(lm_head_weight if vocab is None else lm_head_weight[vocab.target_ids()])
 
     def _rotary(self, batch: PackedBatch) -> _Rotary:
         slot_pos = batch.slot_positions().reshape(1, -1)
@@ -346,7 +383,7 @@ class ParallelDrafter(nn.Module):
         return None if self.markov_head is None else self.markov_head.block_latents(prev_tokens, hidden)
 
     def markov_bias(self, latents: torch.Tensor) -> torch.Tensor:
-        """``latents @ W2^T``: the Markov logit bias ``[..., V]``."""
+        """``latents @ W2^T``: the Markov logit bias ``[..., V]`` (``[..., N]`` over a reduced draft vocabulary)."""
         if self.markov_head is None:
             raise RuntimeError("this drafter has no Markov head (markov_rank 0)")
         return self.markov_head.markov_w2(latents)
@@ -384,7 +421,8 @@ class ParallelDrafter(nn.Module):
         prev_tokens: Optional[torch.Tensor] = None,
         attention: AttentionBackend = "sdpa",
     ) -> torch.Tensor:
-        """Full draft logits ``[Nb, B, V]``; ``prev_tokens [Nb, B]`` defaults to ``batch.block_prev``."""
+        """Full draft logits ``[Nb, B, V]`` (``[Nb, B, N]`` on draft ids over a reduced draft vocabulary);
+        ``prev_tokens [Nb, B]`` (target ids) defaults to ``batch.block_prev``."""
         hidden = self.backbone(batch, attention)
         logits = self.lm_head(hidden)
         if self.markov_head is not None:

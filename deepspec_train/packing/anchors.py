@@ -15,13 +15,12 @@ Either way the supervised slots are a contiguous run: labels past the end of the
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 
+from deepspec_train.config.schema import DSPARK_LABELS, LABEL_CONVENTIONS, ZLAB_LABELS, LabelConvention
 from deepspec_train.packing.batch import IGNORE_INDEX
-
-LabelConvention = Literal["dspark", "zlab"]
 
 
 def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -49,7 +48,7 @@ def block_labels(
     loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     block_size: int,
-    convention: LabelConvention = "dspark",
+    convention: LabelConvention = DSPARK_LABELS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Labels and target positions of the blocks at ``anchors``.
 
@@ -57,22 +56,22 @@ def block_labels(
     [n, B]`` (position whose target final-norm state gives the slot's target distribution, ``-1`` where
     unsupervised).
     """
-    if convention not in ("dspark", "zlab"):
+    if convention not in LABEL_CONVENTIONS:
         raise ValueError(f"unknown label convention {convention!r}")
     length = int(input_ids.shape[0])
     mask = loss_mask.bool()
     slots = torch.arange(block_size, device=anchors.device)
     # Position of the predicted token for each slot: a+k+1 (dspark) or a+k (zlab).
-    shift = 1 if convention == "dspark" else 0
+    shift = 1 if convention == DSPARK_LABELS else 0
     predicted = anchors[:, None] + slots[None, :] + shift
     in_range = predicted < length
     predicted_mask = mask[predicted.clamp(max=length - 1)] & in_range
-    if convention == "zlab":
+    if convention == ZLAB_LABELS:
         # Slot 0 would predict the anchor itself: unsupervised, and it must not break the run that follows.
         predicted_mask[:, 0] = True
     # Contiguous prefix: a slot is supervised only if every earlier predicted token was supervised too.
     supervised = predicted_mask.long().cumprod(dim=1).bool()
-    if convention == "zlab":
+    if convention == ZLAB_LABELS:
         supervised[:, 0] = False
     tokens = input_ids[predicted.clamp(max=length - 1)]
     labels = torch.where(supervised, tokens, torch.full_like(predicted, IGNORE_INDEX))

@@ -22,7 +22,8 @@ from typing import Callable, Optional, Sequence, Union
 
 import torch
 
-from deepspec_train.packing.anchors import LabelConvention, block_labels
+from deepspec_train.config.schema import DSPARK_LABELS, LabelConvention
+from deepspec_train.packing.anchors import block_labels
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 
 # Rows of a per-position feature: the full ``[L, F]`` tensor, or a callable giving the rows at given positions.
@@ -60,7 +61,7 @@ def needed_positions(
     loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     block_size: int,
-    convention: LabelConvention = "dspark",
+    convention: LabelConvention = DSPARK_LABELS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions a target worker must send for these anchors.
 
@@ -80,7 +81,7 @@ def supervised_per_slot(
     loss_mask: torch.Tensor,
     anchors: torch.Tensor,
     block_size: int,
-    convention: LabelConvention = "dspark",
+    convention: LabelConvention = DSPARK_LABELS,
 ) -> torch.Tensor:
     """Supervised rows of the blocks at ``anchors`` per block slot, ``int64 [block_size]``: what
     ``build_packed_batch`` will label, known from the tokens and the loss mask alone (a target worker announces a
@@ -141,7 +142,7 @@ def build_packed_batch(
     groups: Sequence[BlockGroup],
     block_size: int,
     mask_token_id: int,
-    convention: LabelConvention = "dspark",
+    convention: LabelConvention = DSPARK_LABELS,
 ) -> PackedBatch:
     """One ``PackedBatch`` holding ``groups`` (packed-sequence index = position in ``groups``)."""
     ctx_features, ctx_tokens, ctx_seq, ctx_pos = [], [], [], []
@@ -192,7 +193,7 @@ def pack_sequences(
     block_size: int,
     token_budget: int,
     mask_token_id: int,
-    convention: LabelConvention = "dspark",
+    convention: LabelConvention = DSPARK_LABELS,
     max_sequences: Optional[int] = None,
 ) -> list[PackedBatch]:
     """Pack the blocks at ``anchors[i]`` of every ``items[i]`` into token-budgeted micro-batches."""

@@ -23,6 +23,7 @@ import os
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
 from deepspec_train.errors import UserError, exit_on_user_error
+from deepspec_train.output_paths import ensure_output_file
 from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
 from deepspec_train.regenerate.backend import ChatBackend
 from deepspec_train.regenerate.runner import MULTI_TURN_MODES, check_output_is_not_input, regenerate_file
@@ -93,6 +94,7 @@ def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: 
 def run(args: argparse.Namespace) -> int:
     # Before the backend: a local one loads the model first, and nothing should wait on a command that cannot run.
     check_output_is_not_input(args.input, args.output)
+    ensure_output_file(args.output, "--output")
     try:
         cfg, target_path = _recipe_settings(args)
         sampling = SamplingParams.from_recipe(cfg).with_overrides(

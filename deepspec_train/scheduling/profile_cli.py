@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_file
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -88,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
     )
     from deepspec_train.target.loading import load_target_model
 
+    ensure_output_file(args.out, "--out")
     dense = args.batch_sizes is None
+    if dense:
+        ensure_output_file(args.sglang_out or Path(args.out).with_suffix(".sglang.json"), "--sglang-out")
     max_tokens = args.max_batch_tokens if args.max_batch_tokens is not None else 256
     try:
         sizes = dense_batch_sizes(max_tokens) if dense else validated_batch_sizes(args.batch_sizes)

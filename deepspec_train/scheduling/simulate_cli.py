@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from deepspec_train.errors import UserError
+from deepspec_train.output_paths import ensure_output_dir
 from deepspec_train.scheduling.profile_cli import parse_int_list
 
 
@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from deepspec_train.scheduling.sps_table import SPSTable
     from deepspec_train.scheduling.workload import build_workload, group_requests, load_temperatures
 
+    out = ensure_output_dir(args.out, "--out")
     try:
         requests = group_requests(read_traces(args.traces))
         sps = SPSTable.load(args.sps)
@@ -88,8 +89,6 @@ def run(args: argparse.Namespace) -> int:
     results = run_grid(
         workloads, gammas, args.concurrency, sps, args.base_tokens, args.async_delay, args.max_steps, args.full_scan
     )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     categories: dict[str, int] = {}
     for request in requests:
         categories[request.category] = categories.get(request.category, 0) + 1

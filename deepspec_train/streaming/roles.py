@@ -37,11 +37,14 @@ class Route:
 
 @dataclass(frozen=True)
 class Topology:
-    """``num_targets`` target groups of ``tp`` ranks each and ``num_drafters`` drafter workers."""
+    """``num_targets`` target groups of ``tp`` ranks each and ``num_drafters`` drafter workers; with
+    ``ranks_per_node`` set (the launcher's processes per node, the same on every node as ``torchrun`` and ``srun``
+    start them) and more than one node, peers are named with their node as well."""
 
     num_targets: int
     num_drafters: int
     tp: int = 1
+    ranks_per_node: int = 0
 
     def __post_init__(self) -> None:
         if self.num_targets < 1 or self.num_drafters < 1:
@@ -51,13 +54,15 @@ class Topology:
             )
 
     @classmethod
-    def from_world(cls, world_size: int, target_workers: int, target_tp: int = 1) -> "Topology":
+    def from_world(
+        cls, world_size: int, target_workers: int, target_tp: int = 1, ranks_per_node: int = 0
+    ) -> "Topology":
         if target_tp < 1 or target_workers % target_tp:
             raise ValueError(
                 f"topology.target_workers = {target_workers} target ranks do not form groups of topology.target_tp "
                 f"= {target_tp}"
             )
-        return cls(target_workers // target_tp, world_size - target_workers, target_tp)
+        return cls(target_workers // target_tp, world_size - target_workers, target_tp, ranks_per_node)
 
     @property
     def target_ranks(self) -> int:
@@ -88,13 +93,16 @@ class Topology:
 
     def describe(self, rank: int) -> str:
         """How failures name a peer: ``target worker 0 (rank 0)`` (groups of one), ``target group 1, TP rank 0
-        (rank 2)``, ``drafter worker 1 (rank 3)``."""
+        (rank 2)``, ``drafter worker 1 (rank 3)``; on several nodes ``drafter worker 1 (rank 3, node 1)``."""
+        where = f"rank {rank}"
+        if 0 < self.ranks_per_node < self.world_size:
+            where += f", node {rank // self.ranks_per_node}"
         if self.role_of(rank) == "drafter":
-            return f"drafter worker {rank - self.target_ranks} (rank {rank})"
+            return f"drafter worker {rank - self.target_ranks} ({where})"
         group = self.group_of(rank)
         if self.tp == 1:
-            return f"target worker {group} (rank {rank})"
-        return f"target group {group}, TP rank {rank - self.target_rank(group)} (rank {rank})"
+            return f"target worker {group} ({where})"
+        return f"target group {group}, TP rank {rank - self.target_rank(group)} ({where})"
 
     def describe_group(self, group: int) -> str:
         ranks = self.group_ranks(group)

@@ -1,12 +1,13 @@
 """The drafter worker's feature source: packed micro-batches received from target groups.
 
 It implements the ``training.feature_source.FeatureSource`` protocol like ``InProcessFeatureSource`` (per-step
-``StepBatches``; ``state_dict`` / ``load_state_dict`` with the data position), so the trainer does not know where
-its features come from. A step arrives as an outline (counts) and then one message per micro-batch, received
-only when the trainer asks for the next micro-batch, so the drafter holds one micro-batch of features at a time.
-It also keeps the stream's own measurements: seconds spent waiting on the stream, bytes received and the peak
-bytes in flight each feeding group reports, logged as ``stream/target_wait_frac``, wire bytes per supervised
-token and ``stream/peak_bytes_in_flight_group{g}``.
+``StepBatches``; ``state_dict`` / ``load_state_dict`` with the data position of ``steps.plan``), so the trainer
+does not know where its features come from. A step arrives as an outline (counts) and then one message per
+micro-batch, received only when the trainer asks for the next micro-batch, so the drafter holds one micro-batch of
+features at a time. Its metrics are the stream's own measurements, reduced over the drafter ranks:
+``stream/target_wait_frac`` (the share of time spent waiting on the stream, mean over ranks),
+``stream/wire_bytes_per_supervised_token`` and ``stream/peak_bytes_in_flight_group{g}`` (the peak bytes each
+feeding group's send queue held so far).
 """
 
 from __future__ import annotations
@@ -14,28 +15,33 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
-import torch
-
 from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.steps.plan import data_state, next_step_of
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.watchdog import PeerFailure
 from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_message, recv_plan, send_ints,
 )
-from deepspec_train.training.feature_source import StepBatches, StreamWindow
+from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from deepspec_train.training.feature_source import StepBatches
 
 
 class StreamedFeatureSource:
-    def __init__(self, topology: Topology, drafter: int, device: torch.device, timeout_s: float):
+    """Drafter rank ``ctx.rank``'s steps, received from the target groups that feed it (``ctx``: the drafter
+    role's context, over which the metrics are reduced)."""
+
+    def __init__(self, topology: Topology, ctx: DistContext, timeout_s: float):
         self.topology = topology
-        self.drafter = drafter
-        self.device = device
+        self.ctx = ctx
+        self.drafter = ctx.rank
+        self.device = ctx.device
         self.timeout_s = timeout_s
-        self.feeders = [topology.target_rank(route.target) for route in topology.routes_to(drafter)]
+        self.feeders = [topology.target_rank(route.target) for route in topology.routes_to(self.drafter)]
         self.plan = self._receive_plans()
         self.next_step = 0
         self.wait_seconds = 0.0
         self.bytes_received = 0
+        self.supervised = 0
         self.peak_in_flight = [0.0] * topology.num_targets
         self._window_start = time.monotonic()
 
@@ -50,15 +56,10 @@ class StreamedFeatureSource:
         return first
 
     def state_dict(self) -> dict:
-        # The same lazy epoch rollover as InProcessFeatureSource: after the last step of epoch e the position
-        # reads (e, steps_per_epoch), not (e + 1, 0).
-        if self.next_step == 0:
-            return {"epoch": 0, "step_in_epoch": 0}
-        epoch, last_in_epoch = divmod(self.next_step - 1, self.plan.steps_per_epoch)
-        return {"epoch": epoch, "step_in_epoch": last_in_epoch + 1}
+        return data_state(self.next_step, self.plan.steps_per_epoch)
 
     def load_state_dict(self, state: dict) -> None:
-        self.next_step = int(state["epoch"]) * self.plan.steps_per_epoch + int(state["step_in_epoch"])
+        self.next_step = next_step_of(state, self.plan.steps_per_epoch)
 
     def _receive(self, src: int, kind: int, step: int, index: int = 0) -> StreamMessage:
         started = time.monotonic()
@@ -87,6 +88,7 @@ class StreamedFeatureSource:
             step = self.next_step
             src = self.topology.target_rank(self.topology.feeder_of(self.drafter, step))
             head = self._receive(src, KIND_TRAIN, step)
+            self.supervised += head.supervised
             self.next_step = step + 1
             yield StepBatches(head.count, head.active, head.supervised, self._batches(src, step, head.count),
                               head.slot_counts())
@@ -98,10 +100,18 @@ class StreamedFeatureSource:
         head = self._receive(src, KIND_VALIDATION, step)
         return self._batches(src, step, head.count)
 
-    def pop_stream_metrics(self) -> StreamWindow:
-        """Seconds waiting on the stream, wall seconds and bytes received since the last call; the peaks so far."""
+    def pop_metrics(self) -> dict[str, float]:
+        """The stream's measurements since the last call over all drafter ranks (collective): the mean share of
+        time spent waiting, the wire bytes per supervised token, and per target group its peak bytes in flight so
+        far (0 for a group that feeds no drafter)."""
         now = time.monotonic()
-        window = StreamWindow(self.wait_seconds, now - self._window_start, float(self.bytes_received),
-                              list(self.peak_in_flight))
-        self.wait_seconds, self.bytes_received, self._window_start = 0.0, 0, now
-        return window
+        wait_frac = self.wait_seconds / max(now - self._window_start, 1e-9)
+        bytes_received, supervised = float(self.bytes_received), float(self.supervised)
+        self.wait_seconds, self.bytes_received, self.supervised, self._window_start = 0.0, 0, 0, now
+        peaks = all_reduce_max(self.peak_in_flight, self.ctx)
+        return {
+            "stream/target_wait_frac": all_reduce_sum(wait_frac, self.ctx) / self.ctx.world_size,
+            "stream/wire_bytes_per_supervised_token":
+                all_reduce_sum(bytes_received, self.ctx) / max(all_reduce_sum(supervised, self.ctx), 1.0),
+            "stream/peak_bytes_in_flight": max(peaks),
+        } | {f"stream/peak_bytes_in_flight_group{g}": peak for g, peak in enumerate(peaks)}

@@ -1,9 +1,10 @@
 """The target group's loop: run the frozen target over the data of the drafters it feeds and stream their packed
 micro-batches to them.
 
-For each drafter it serves, the group follows exactly the plan that drafter would follow colocated
-(``InProcessFeatureSource`` with the drafter's index among drafter ranks as its rank): same sequences, same
-anchors, same packing, so the streamed features are the colocated ones. Every rank of a tensor-parallel group
+For each drafter it serves, the group follows exactly the plan that drafter would follow colocated (the
+``steps.plan.StepPlan`` with the drafter's index among drafter ranks as its rank, built by the same
+``steps.chunk_builder.ChunkBuilder``): same sequences, same anchors, same packing, so the streamed features are
+the colocated ones. Every rank of a tensor-parallel group
 runs the same forwards in the same order (they are collective); only the group's first rank sends.
 
 A step goes out as an outline per served drafter (its micro-batch count, supervised slots and per-sequence slot
@@ -30,24 +31,27 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from deepspec_train.config.schema import StreamConfig
+from deepspec_train.steps.chunk_builder import ChunkBuilder
+from deepspec_train.steps.chunk_plan import ChunkPlan, chunks_slot_counts, chunks_supervised
+from deepspec_train.steps.plan import StepPlan, StepPosition, step_position
 from deepspec_train.streaming.roles import Route, Topology
 from deepspec_train.streaming.watchdog import PeerFailure, abort
 from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, message_bytes, outline, recv_ints,
     send_message, send_plan,
 )
-from deepspec_train.training.feature_source import (
-    ChunkPlan, InProcessFeatureSource, ValidationShare, merge_slot_counts,
-)
+from deepspec_train.training import preemption
 
 
 @dataclass
 class DrafterFeed:
-    """What one target group computes for one drafter: its training plan and its validation share."""
+    """What one target group computes for one drafter: its training plan and its validation pass (the one step
+    of a validation plan), None without validation data."""
 
     route: Route
-    train: InProcessFeatureSource
-    validation: Optional[ValidationShare]
+    train: StepPlan
+    validation: Optional[StepPlan]
 
 
 @dataclass
@@ -111,6 +115,8 @@ class _Sender:
             try:
                 self.bytes_sent += send_message(message, dst, self.device, self.timeout_s, self.topology.describe(dst))
             except PeerFailure as exc:
+                if preemption.drafters_stopped.is_set():
+                    return  # the drafters checkpointed and left after a preemption signal
                 abort(f"target worker stream to {self.topology.describe(dst)} failed: {exc}")
             with self._cond:
                 self.in_flight -= size
@@ -149,55 +155,50 @@ def _share_starts(starts: dict[int, int], feeds: Sequence[DrafterFeed], device: 
     return {f.route.drafter: int(v) for f, v in zip(feeds, values.tolist())}
 
 
-def _stream_bundle(sink, topology: Topology, kind: int, step: int, epoch: int, step_in_epoch: int,
-                   work: list[tuple[DrafterFeed, InProcessFeatureSource, list[ChunkPlan]]]) -> None:
+def _stream_bundle(sink, builder: ChunkBuilder, topology: Topology, kind: int, step: int, position: StepPosition,
+                   work: list[tuple[DrafterFeed, list[ChunkPlan]]]) -> None:
     """Every drafter's outline first, then their micro-batches, drafter after drafter.
 
     Outlines go first because a drafter all-reduces its step's supervised count before its first backward:
     with blocking sends, drafter 1's outline queued behind drafter 0's micro-batches would deadlock against
     drafter 0 waiting in that all-reduce for drafter 1.
     """
-    for feed, _, chunks in work:
-        supervised = [n for chunk in chunks for n in chunk.supervised]
-        counts = merge_slot_counts(chunk.slot_counts for chunk in chunks) if kind == KIND_TRAIN else None
+    epoch, step_in_epoch = position.epoch, position.step_in_epoch
+    for feed, chunks in work:
+        counts = chunks_slot_counts(chunks) if kind == KIND_TRAIN else None
         sink.put(topology.drafter_rank(feed.route.drafter),
-                 outline(kind, step, epoch, step_in_epoch, supervised, counts))
-    for feed, source, chunks in work:
+                 outline(kind, step, epoch, step_in_epoch, chunks_supervised(chunks), counts))
+    for feed, chunks in work:
         dst = topology.drafter_rank(feed.route.drafter)
         index = 0
         for chunk in chunks:
-            for batch in source.build_chunk(chunk):
+            for batch in builder.build(chunk):
                 sink.put(dst, StreamMessage(KIND_BATCH, step, epoch, step_in_epoch, [batch], index=index))
                 index += 1
 
 
-def run_target_loop(feeds: Sequence[DrafterFeed], plan: StreamPlan, topology: Topology, device: torch.device,
-                    depth: int, timeout_s: float, tp_group: Optional[dist.ProcessGroup] = None,
+def run_target_loop(feeds: Sequence[DrafterFeed], builder: ChunkBuilder, plan: StreamPlan, topology: Topology,
+                    stream: StreamConfig, device: torch.device, tp_group: Optional[dist.ProcessGroup] = None,
                     sends: bool = True) -> StreamReport:
-    """Stream every served drafter's steps from its start step to the end.
+    """Stream every served drafter's steps from its start step to the end, building them with ``builder``.
 
-    ``tp_group``: the rank's tensor-parallel group (None for a group of one); ``sends``: whether this rank is
-    the group's sender (the others run the same forwards and send nothing).
+    ``stream``: the send queue's depth and the timeout; ``tp_group``: the rank's tensor-parallel group (None for
+    a group of one); ``sends``: whether this rank is the group's sender (the others run the same forwards and
+    send nothing).
     """
-    starts = exchange_plan(feeds, plan, topology, device, timeout_s) if sends else {}
+    starts = exchange_plan(feeds, plan, topology, device, stream.timeout_s) if sends else {}
     starts = _share_starts(starts, feeds, device, tp_group)
-    sink = _Sender(depth, device, timeout_s, topology) if sends else _NoSends()
+    sink = _Sender(stream.depth, device, stream.timeout_s, topology) if sends else _NoSends()
     first = min(starts.values(), default=plan.last_step)
     for step in range(first, plan.last_step):
-        epoch, step_in_epoch = divmod(step, plan.steps_per_epoch)
         served = [f for f in feeds if step >= starts[f.route.drafter] and f.route.carries(step)]
-        work = [
-            (f, f.train, f.train.chunk_plans(f.train.step_sample_indices(epoch, step_in_epoch), epoch))
-            for f in served
-        ]
-        _stream_bundle(sink, topology, KIND_TRAIN, step, epoch, step_in_epoch, work)
+        work = [(f, f.train.chunks(step)) for f in served]
+        _stream_bundle(sink, builder, topology, KIND_TRAIN, step, step_position(step, plan.steps_per_epoch), work)
         # Validation goes out only after every served drafter has its training step: a drafter reads its
         # validation payload after the step's gradient all-reduce, which needs all drafters to have trained, and
         # sends are blocking, so interleaving (train d0, val d0, train d1) would deadlock with two drafters.
         if plan.validates_after(step):
-            work = [
-                (f, f.validation.source, f.validation.source.chunk_plans(f.validation.rows, 0))
-                for f in served if f.validation is not None
-            ]
-            _stream_bundle(sink, topology, KIND_VALIDATION, step, 0, 0, work)
+            # The validation pass is its plan's only step.
+            work = [(f, f.validation.chunks(0)) for f in served if f.validation is not None]
+            _stream_bundle(sink, builder, topology, KIND_VALIDATION, step, StepPosition(0, 0), work)
     return sink.close()

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from deepspec_train.errors import UserError, exit_on_user_error
+from deepspec_train.output_paths import ensure_output_dir
 from deepspec_train.tinyworld.presets import PRESETS
 
 
@@ -36,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from deepspec_train.tinyworld.presets import get_preset
 
     torch.set_num_threads(args.threads)
+    ensure_output_dir(args.out, "--out")
     try:
         report = build_tiny_world(
             args.out, get_preset(args.preset), seed=args.seed, progress=not args.no_progress, overwrite=args.force

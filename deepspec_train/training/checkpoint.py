@@ -32,6 +32,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from deepspec_train.console import get_logger
+from deepspec_train.disk_space import tensor_bytes, whole_or_nothing
 from deepspec_train.errors import UserError
 from deepspec_train.formats.trained_drafter import trainable_state
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem, has_manifest, write_manifest
@@ -145,18 +146,30 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(ctx)
-    torch.save({"cpu": torch.get_rng_state(), **_cuda_rng()}, tmp / f"rng_rank{ctx.rank}.pt")
+    rng = {"cpu": torch.get_rng_state(), **_cuda_rng()}
+    rng_file = tmp / f"rng_rank{ctx.rank}.pt"
+    with whole_or_nothing(final, tensor_bytes(rng), lambda: rng_file.unlink(missing_ok=True)):
+        torch.save(rng, rng_file)
     # Gathering may be collective (ZeRO partitions), so every rank asks; only the main rank gets the full state.
     weights, optimizer_state = train_state.trainable_weights(), train_state.optimizer_state()
+
+    def discard() -> None:
+        # A full disk removes the temporary directory and ends the run in one line; older checkpoints stay whole.
+        shutil.rmtree(tmp, ignore_errors=True)
+
     if ctx.is_main:
-        save_file(weights, str(tmp / "drafter.safetensors"))
-        torch.save(optimizer_state, tmp / "optimizer.pt")
-        state = {"step": step, "scheduler": scheduler.state_dict(), "data": data_state, "world_size": ctx.world_size}
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=_json_default))
+        with whole_or_nothing(final, tensor_bytes(weights) + tensor_bytes(optimizer_state), discard):
+            save_file(weights, str(tmp / "drafter.safetensors"))
+            torch.save(optimizer_state, tmp / "optimizer.pt")
+            state = {
+                "step": step, "scheduler": scheduler.state_dict(), "data": data_state, "world_size": ctx.world_size,
+            }
+            (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, default=_json_default))
     barrier(ctx)
     if ctx.is_main:
         # After the barrier: every rank's RNG file is in place, so the manifest covers the whole checkpoint.
-        write_manifest(tmp)
+        with whole_or_nothing(final, 0, discard):
+            write_manifest(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)

@@ -15,13 +15,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.losses.normalization import (
     merge_weight_sums, row_normalizers, row_sequence_ids, sequence_weight_sums,
 )
 from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.training.batch_loss import unwrap
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext, all_reduce_sum
 from deepspec_train.training.feature_source import StepBatches
 
@@ -42,14 +40,16 @@ class StepNormalizer:
         return row_normalizers(row_sequence_ids(batch), self.weight_sums, self.num_sequences)
 
 
-def step_normalizers(step: StepBatches, cfg: RecipeConfig, model: torch.nn.Module, ctx: DistContext) -> StepNormalizer:
-    """The step's ``StepNormalizer``; ``model`` (possibly wrapped) is the drafter being trained. Collective: every
-    drafter rank calls it once per step, whatever its number of micro-batches."""
+def step_normalizers(
+    step: StepBatches, loss: DrafterLoss, model: torch.nn.Module, ctx: DistContext
+) -> StepNormalizer:
+    """The step's ``StepNormalizer`` for the run's ``loss``; ``model`` (possibly wrapped) is the drafter being
+    trained. Collective: every drafter rank calls it once per step, whatever its number of micro-batches."""
     tokens = max(all_reduce_sum(float(step.num_supervised), ctx), 1.0)
-    sequences = cfg.train.global_batch_sequences
-    if cfg.loss.normalizer == "token":
+    sequences = loss.cfg.train.global_batch_sequences
+    if loss.cfg.loss.normalizer == "token":
         return StepNormalizer(tokens, None, sequences)
-    weights = kind_spec(cfg.drafter.kind).slot_weights(unwrap(model), cfg)
+    weights = loss.slot_weights(model)
     sums = sequence_weight_sums(step.slot_counts, weights)
     if ctx.distributed:
         gathered: list = [None] * ctx.world_size

@@ -2,9 +2,11 @@
 periodic validation and checkpoints, per-position metrics.
 
 The trainer only sees a feature source (``training.feature_source.FeatureSource``: per step, the counts of its
-``PackedBatch`` micro-batches, then the micro-batches one at a time), a drafter module and the frozen target
-LM-head weight; it does not know whether features were computed in-process or streamed. Each micro-batch's loss
-is divided, before its backward, by the step's supervised slots over all drafter ranks (``loss.normalizer=token``)
+``PackedBatch`` micro-batches, then the micro-batches one at a time), a drafter module and the run's loss
+(``training.batch_loss.DrafterLoss``, which holds the frozen target LM-head weight); it does not know whether
+features were computed in-process or streamed, and logs whatever the source reports of itself
+(``FeatureSource.pop_metrics``) beside its own metrics. Each micro-batch's loss is divided, before its backward,
+by the step's supervised slots over all drafter ranks (``loss.normalizer=token``)
 or row by row by its sequence's weight over the step (``sequence``; ``training.loss_normalizers``), so the
 step's gradient is the same however the step's micro-batches are split over ranks or messages. How gradients meet is the engine's business (``training.local_engine``: one
 flat all-reduce and torch clipping for ``train.distributed=ddp``; ``training.deepspeed_engine``: ZeRO-2 over the
@@ -31,9 +33,10 @@ from deepspec_train.training.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats
 from deepspec_train.metrics.calibration import auroc_soft, ece
 from deepspec_train.packing.batch import PackedBatch
-from deepspec_train.training.batch_loss import batch_loss
+from deepspec_train.training import preemption
+from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import load_checkpoint, load_run_state, save_checkpoint
-from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from deepspec_train.training.distributed import DistContext, all_reduce_sum
 from deepspec_train.training.feature_source import FeatureSource, StepBatches
 from deepspec_train.training.local_engine import DrafterEngine, LocalEngine, make_engine
 from deepspec_train.training.loss_normalizers import step_normalizers
@@ -64,26 +67,22 @@ class DrafterTrainer:
         self,
         cfg: RecipeConfig,
         model: nn.Module,
-        target_head_weight: torch.Tensor,
+        loss: DrafterLoss,
         train_source: FeatureSource,
         val_batches: Optional[Callable[[], Iterable[PackedBatch]]],
         sink: MetricsSink,
         ctx: DistContext,
         total_steps: int,
-        attention: str,
-        resume_from: Optional[Path] = None,
     ):
         self.cfg = cfg
         self.model = model
-        self.target_head_weight = target_head_weight
+        # Resolved once for the run (kind record, loss settings, frozen target head), used by every micro-batch.
+        self.loss = loss
         self.train_source = train_source
         self.val_batches = val_batches
         self.sink = sink
         self.ctx = ctx
         self.total_steps = total_steps
-        self.attention = attention
-        # The verified checkpoint to continue from (``checkpoint.resolve_resume``), None for a fresh run.
-        self.resume_from = resume_from
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = drafter_optimizer(self.params, cfg)
         self.scheduler = warmup_cosine(self.optimizer, total_steps, cfg.train.warmup_frac)
@@ -103,9 +102,9 @@ class DrafterTrainer:
         broadcast_parameters(self.params, self.ctx)
         self.engine = make_engine(self.cfg, self.model, self.optimizer, self.ctx, Path(self.cfg.run.output_dir))
 
-    def _resume_position(self) -> Optional[tuple[Path, dict]]:
-        """Step, data position and RNG of the checkpoint to resume from (no collectives); None for a fresh run."""
-        path = self.resume_from
+    def _resume_position(self, path: Optional[Path]) -> Optional[tuple[Path, dict]]:
+        """Step, data position and RNG of the checkpoint ``path`` to resume from (no collectives); None for a fresh
+        run."""
         if path is None:
             return None
         state = load_run_state(self.ctx, path)
@@ -121,7 +120,7 @@ class DrafterTrainer:
     def _accumulate(self, step: StepBatches, stats: PositionStats) -> tuple[float, dict[str, float]]:
         """Forward/backward every micro-batch of one optimizer step, each as it comes (a streamed step's batches
         arrive one by one); returns the step loss and loss parts."""
-        normalizers = step_normalizers(step, self.cfg, self.engine.forward_module, self.ctx)
+        normalizers = step_normalizers(step, self.loss, self.engine.forward_module, self.ctx)
         normalizer = normalizers.tokens
         total = {"loss": 0.0, "ce": 0.0, "tv": 0.0, "conf": 0.0}
         padding = self.engine.plan_step(step.num_active)
@@ -152,7 +151,7 @@ class DrafterTrainer:
         """The engine's forward module on ``batch`` and its loss, under autocast when the engine asks for it."""
         engine = self.engine
         with torch.autocast(self.ctx.device.type, dtype=torch.bfloat16, enabled=engine.autocast_bf16):
-            return batch_loss(engine.forward_module, batch, self.cfg, self.target_head_weight, normalizer, self.attention)
+            return self.loss(engine.forward_module, batch, normalizer)
 
     def _padding_backward(self, first: Optional[PackedBatch]) -> None:
         """One backward that changes nothing, for an engine that needs equal backward counts on every rank: a
@@ -171,8 +170,10 @@ class DrafterTrainer:
         self.scheduler.step()
         return grad_norm
 
-    def fit(self) -> TrainSummary:
-        resume = self._resume_position()
+    def fit(self, resume_from: Optional[Path] = None) -> TrainSummary:
+        """Train to ``total_steps``, continuing from the verified checkpoint ``resume_from``
+        (``checkpoint.resolve_resume``) when given."""
+        resume = self._resume_position(resume_from)
         iterator: Iterator[StepBatches] = iter(self.train_source)
         pending = next(iterator) if self.step < self.total_steps else None
         self._synchronise_replicas()
@@ -204,7 +205,7 @@ class DrafterTrainer:
                     "train/grad_norm": grad_norm,
                     "train/samples_per_s": window_samples / elapsed,
                     "train/supervised_tokens_per_s": window_tokens / elapsed,
-                } | self._stream_metrics(window_tokens)
+                } | self.train_source.pop_metrics()
                 self.sink.log(metrics, self.step)
                 stats.reset()
                 window_start, window_samples, window_tokens = time.time(), 0, 0.0
@@ -214,34 +215,24 @@ class DrafterTrainer:
                 if self.ctx.is_main:
                     tqdm.write(_format_val(self.step, val_metrics))
             stopping = cfg.train.stop_at_step is not None and self.step >= cfg.train.stop_at_step
-            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping:
-                save_checkpoint(
+            # A preemption signal on any rank: every rank stops after this same step (``training.preemption``).
+            preempted = self.step < self.total_steps and not stopping and preemption.agreed_to_stop(self.ctx)
+            if self.step % cfg.train.checkpoint_every == 0 or self.step == self.total_steps or stopping or preempted:
+                checkpoint = save_checkpoint(
                     self.ctx, cfg.run.output_dir, self.step, self.engine.train_state(), self.scheduler,
                     self.train_source.state_dict(), cfg.train.keep_last,
                 )
+            if preempted:
+                progress.close()
+                if self.ctx.is_main:
+                    preemption.announce(self.step, checkpoint, log.warning)
+                raise preemption.Preempted(self.step, checkpoint)
             if stopping:
                 break
         progress.close()
         self.engine.finish()
         final = self.loss_history[-1] if self.loss_history else math.nan
         return TrainSummary(self.step, final, val_metrics, time.time() - start)
-
-    def _stream_metrics(self, supervised_tokens: float) -> dict[str, float]:
-        """Streamed sources only: the share of drafter time spent waiting on the stream (mean over drafter
-        ranks), the bytes received per supervised token (all drafter ranks together) and, per target group, the
-        peak bytes its send queue has held so far."""
-        window = self.train_source.pop_stream_metrics()
-        if window is None:
-            return {}
-        ranks = self.ctx.world_size
-        wait_frac = window.wait_seconds / max(window.wall_seconds, 1e-9)
-        peaks = all_reduce_max(window.peak_bytes_in_flight, self.ctx)
-        return {
-            "stream/target_wait_frac": all_reduce_sum(wait_frac, self.ctx) / ranks,
-            "stream/wire_bytes_per_supervised_token":
-                all_reduce_sum(window.bytes_received, self.ctx) / max(supervised_tokens, 1.0),
-            "stream/peak_bytes_in_flight": max(peaks),
-        } | {f"stream/peak_bytes_in_flight_group{g}": peak for g, peak in enumerate(peaks)}
 
     @torch.no_grad()
     def validate(self) -> dict[str, float]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from deepspec_train.models.scale_targets import save_scale_target
-from tests.family_tokenizers import TOKENIZER_LAYOUTS, build_layout_tokenizer
-from tests.scale_world import TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, write_conversations
+from tests.helpers.family_tokenizers import TOKENIZER_LAYOUTS, build_layout_tokenizer
+from tests.helpers.scale_world import TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, write_conversations
 
 FAMILY_TIER: dict[str, str] = {
     "llama-3.1-8b": "Llama-3.1-8B-Instruct",

@@ -3,7 +3,7 @@ model with Qwen3-30B-A3B's structure (48 decoder layers, the 151,936-token vocab
 token) at hidden size 32 with 4 / 2 heads, so that tensor-parallel groups of 2 split them, with the test chat
 tokenizer, and a few JSONL conversations; the ``shallow_moe_world`` fixture has the same target with 4 decoder
 layers, for the multi-process tests. (The scale-model tier's MoE copies, which keep the published head counts,
-come from ``models.scale_targets``.)"""
+come from ``models.scale_targets``.) ``moe_overrides`` points the ``qwen3-30b-a3b`` recipe at such a world."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from deepspec_train.models.reference_configs import qwen3_moe_reference_configs
-from tests.chat_tokenizer import build_chat_tokenizer
-from tests.streaming_helpers import write_conversations
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.streaming_world import write_conversations
 
 MOE_REFERENCE = "Qwen3-30B-A3B"
 
@@ -99,3 +99,18 @@ def build_moe_world(root: Path, num_hidden_layers: Optional[int] = None) -> dict
         "validation": write_conversations(root / "validation.jsonl", 4, seed=4),
         "cache": str(root / "cache"),
     }
+
+
+def moe_overrides(world: dict[str, str], out: Path, **extra: object) -> list[str]:
+    """``qwen3-30b-a3b`` overrides: the scale target and the test conversations, a few fast colocated steps."""
+    values = {
+        "target.path": world["target"], "target.dtype": "float32",
+        "data.train": f"[{world['train']}]", "data.validation": f"[{world['validation']}]",
+        "data.cache_dir": world["cache"], "data.max_length": 96, "data.num_workers": 0,
+        "train.max_steps": 1, "train.global_batch_sequences": 2, "train.micro_batch_sequences": 2,
+        "train.eval_every": 1, "train.eval_sequences": 2, "train.checkpoint_every": 1000,
+        "train.mixed_precision": "'no'", "loss.chunk_size": 256, "topology.target_workers": 0,
+        "logging.wandb": "false", "logging.progress": "false", "logging.log_every": 1, "run.output_dir": str(out),
+    }
+    values.update(extra)
+    return [f"{k}={v}" for k, v in values.items()]

@@ -1,6 +1,6 @@
 """Test helper: one rank of the scale-model tier's streamed runs, several recipes in one process.
 
-    python -m tests.scale_streamed_ranks RUNS.json    # RANK / WORLD_SIZE / MASTER_ADDR set, as srun would
+    python -m tests.helpers.scale_streamed_ranks RUNS.json    # RANK / WORLD_SIZE / MASTER_ADDR set, as srun would
 
 ``RUNS.json`` is a list of ``{"port": P, "argv": [...]}``; for each entry in turn the rank calls the real training
 entry (``jobs.entry.main``, what ``train.py`` runs) with ``argv`` and ``MASTER_PORT=P``, so every recipe is a

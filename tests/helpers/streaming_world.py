@@ -1,7 +1,7 @@
 """Shared helpers for the multi-process streaming, resume and failure tests (the ``streaming_world`` fixture in
 ``conftest.py`` is built with ``build_world``).
 
-Builds a tiny world on disk (the random 2-layer chat model of ``tiny_random_model`` plus a few JSONL
+Builds a tiny world on disk (the random 2-layer chat model of ``tiny_chat_model`` plus a few JSONL
 conversations) and launches ``train.py`` as a set of ranks the way Slurm's ``srun`` would: one plain process per
 rank with ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` set and no supervising agent, so a test
 can kill or stop one rank and watch how the others react (``fail_one_rank_mid_run``).
@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 WORDS = "the quick brown fox jumps over lazy dog two plus three is five add numbers python help".split()
 

@@ -10,22 +10,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
 
-from tests.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.chat_tokenizer import build_chat_tokenizer
+from tests.helpers.tiny_geometry import tiny_qwen3_config
 
 
 def save_tiny_chat_model(directory: str | Path, seed: int = 0) -> str:
     """Write tokenizer + model + generation config to ``directory`` and return it as a string path."""
     directory = Path(directory)
     tokenizer = build_chat_tokenizer(directory)
-    config = Qwen3Config(
+    config = tiny_qwen3_config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=8,
         max_position_embeddings=1024,
         tie_word_embeddings=True,

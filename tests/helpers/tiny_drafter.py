@@ -1,5 +1,5 @@
-"""Shared test helpers for the parallel drafter, packing and export tests: tiny geometry, drafters, random sequences,
-and the outputs a serving engine computes from a drafter."""
+"""Tiny drafters for the parallel drafter, packing and export tests: drafters of the tiny geometry, random
+sequences, and the outputs a serving engine computes from a drafter."""
 
 from __future__ import annotations
 
@@ -13,25 +13,9 @@ from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 from deepspec_train.packing.packer import SequenceItem
+from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY
 
-VOCAB = 97
-MASK_ID = 96
-HIDDEN = 32
 LAYER_IDS = [0, 2]
-BLOCK = 4
-
-TINY_GEOMETRY = DrafterGeometry(
-    hidden_size=HIDDEN,
-    intermediate_size=48,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    vocab_size=VOCAB,
-    num_target_layers=4,
-    max_position_embeddings=512,
-)
 
 
 def drafter_config(kind: str = "dspark", **overrides) -> DrafterConfig:

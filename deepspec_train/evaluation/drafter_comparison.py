@@ -1,5 +1,6 @@
-"""The pieces of the drafter quality benchmark (``bench/quality.py``): interleaved exact decoding of the same
-prompts by several drafters, per-prompt totals, the paired tau ratios and the draft-cost columns.
+"""Comparing drafters on the same prompts, shared by ``deepspec eval`` with several drafters (``comparison_eval``)
+and the quality benchmark (``bench/quality.py``): interleaved exact decoding of the same prompts by several
+drafters, per-prompt totals, the paired tau ratios and the draft-cost columns.
 
 Decoding is interleaved: for each prompt every drafter decodes it in turn, so machine load (the benchmark
 machine is shared) falls on all drafters alike and their measured draft times stay comparable. Each
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -73,25 +74,34 @@ def decode_seed(seed: int, suite: str, prompt_index: int) -> int:
     return (seed * 1_000_003 + zlib.crc32(suite.encode()) * 7_919 + prompt_index) % (2**63 - 1)
 
 
+@dataclass(frozen=True)
+class DecodeSettings:
+    """How every prompt is decoded: the sampling temperature, the seeds (one decode of each prompt per seed) and
+    the new tokens allowed per turn."""
+
+    temperature: float
+    seeds: tuple[int, ...]
+    max_new_tokens: int
+
+
 def decode_interleaved(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     drafters: Sequence[BenchDrafter],
     suites: Sequence[Suite],
-    temperature: float,
-    seeds: Sequence[int],
-    max_new_tokens: int,
+    settings: DecodeSettings,
     progress: bool = True,
     conversations: Optional[dict[str, list[ConversationStats]]] = None,
 ) -> dict[str, list[TraceRound]]:
     """Trace rounds (what ``deepspec eval --save-traces`` writes, with their ``seed``) of every drafter on every
     prompt; each decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when
     given."""
+    temperature, max_new_tokens = settings.temperature, settings.max_new_tokens
     rows: dict[str, list[TraceRound]] = {d.name: [] for d in drafters}
-    total = len(seeds) * sum(len(s.prompts) for s in suites)
+    total = len(settings.seeds) * sum(len(s.prompts) for s in suites)
     with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
               dynamic_ncols=True) as bar:
-        for seed in seeds:
+        for seed in settings.seeds:
             for suite in suites:
                 for index, prompt in enumerate(suite.prompts):
                     for d in drafters:
@@ -111,12 +121,15 @@ def decode_interleaved(
     return rows
 
 
-def totals_by_category(rows: dict[str, list[TraceRound]]) -> dict[str, dict[str, PromptTotals]]:
-    """``{category: {drafter: per-prompt totals}}``, seeds pooled per prompt, prompts aligned across drafters."""
+def totals_by_category(
+    rows: dict[str, list[TraceRound]], group_of: Callable[[TraceRound], str] = lambda r: r.category
+) -> dict[str, dict[str, PromptTotals]]:
+    """``{category: {drafter: per-prompt totals}}``, seeds pooled per prompt, prompts aligned across drafters;
+    ``group_of`` picks the grouping (``lambda r: r.suite`` groups by suite)."""
     sums: dict[str, dict[str, dict[str, list[float]]]] = {}
     for name, drafter_rows in rows.items():
         for r in drafter_rows:
-            per_prompt = sums.setdefault(r.category, {}).setdefault(name, {})
+            per_prompt = sums.setdefault(group_of(r), {}).setdefault(name, {})
             entry = per_prompt.setdefault(f"{r.suite}/{r.prompt_id}", [0.0, 0.0])
             entry[0] += r.emitted
             entry[1] += 1

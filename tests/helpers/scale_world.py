@@ -1,7 +1,7 @@
 """Test helper: the on-disk world of the scale-model tier, one per production target.
 
 ``build_scale_world(root, "Qwen3-8B")`` writes ``root/target`` (the random-weight scale copy of the target from
-``deepspec_train.models.scale_targets`` plus a Qwen3-layout tokenizer from ``tests/qwen3_tokenizer.py``) and a
+``deepspec_train.models.scale_targets`` plus a Qwen3-layout tokenizer from ``tests/helpers/qwen3_tokenizer.py``) and a
 few training / validation conversations as JSONL, in the OpenAI messages form the data path reads (system
 prompts, multi-turn chats; no reasoning in the answers, since the recipes render data with thinking off).
 ``scale_overrides`` points a production recipe at that world and shrinks only its sizes and step count.
@@ -18,7 +18,7 @@ import random
 from pathlib import Path
 
 from deepspec_train.models.scale_targets import save_scale_target
-from tests.qwen3_tokenizer import build_qwen3_tokenizer
+from tests.helpers.qwen3_tokenizer import build_qwen3_tokenizer
 
 WORDS = (
     "the a model drafts tokens block target verifies accepted every step cache layer hidden state python "

@@ -1,4 +1,5 @@
-"""Test helpers for the evaluator tests: the tiny random target loaded like a real one, and random drafters for it.
+"""Test helpers for the decoding tests (evaluator, losslessness, drafting cache, quality bench): the tiny random
+target loaded like a real one, and random drafters for it.
 
 ``random_drafter(target, kind)`` builds a DSpark, DFlash or EAGLE-3 drafter for the tiny target with random
 weights (Markov ``W2`` and the confidence bias too, so those heads are not trivially zero) and the target's
@@ -19,7 +20,7 @@ from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
-from tests.tiny_random_model import save_tiny_chat_model
+from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 BLOCK = 4
 LAYER_IDS = {"dspark": [0], "dflash": [0], "eagle3": [0, 0, 0]}
@@ -36,7 +37,7 @@ def drafter_recipe(
     kind: str, mask_token_id: int, block_size: int = BLOCK, draft_vocab_size: Optional[int] = None
 ) -> RecipeConfig:
     settings = {
-        "dspark": dict(num_layers=1, markov_rank=8, confidence_head=True),
+        "dspark": dict(num_layers=1, markov_rank=8, confidence_head=True, draft_vocab_size=draft_vocab_size),
         "dflash": dict(num_layers=1, markov_rank=0, confidence_head=False),
         "eagle3": dict(
             num_layers=1, markov_rank=0, confidence_head=False, ttt_steps=block_size, draft_vocab_size=draft_vocab_size
@@ -54,13 +55,13 @@ def random_drafter(
     block_size: int = BLOCK,
     draft_vocab_size: Optional[int] = None,
 ) -> LoadedDrafter:
-    """A random-weight drafter of ``kind`` for the tiny target, heads filled from the target. An EAGLE-3 drafter
-    with ``draft_vocab_size`` keeps a random subset of that many target tokens as its draft vocabulary."""
+    """A random-weight drafter of ``kind`` for the tiny target, heads filled from the target. An EAGLE-3 or DSpark
+    drafter with ``draft_vocab_size`` keeps a random subset of that many target tokens as its draft vocabulary."""
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
     cfg = drafter_recipe(kind, mask_id, block_size, draft_vocab_size)
     torch.manual_seed(seed)
     geometry = geometry_from_target_config(target.config, intermediate_size=48)
-    token_counts = torch.randperm(geometry.vocab_size) if kind == "eagle3" else None
+    token_counts = torch.randperm(geometry.vocab_size) if draft_vocab_size or kind == "eagle3" else None
     module = build_drafter_for_geometry(cfg, geometry, token_counts)
     embed = target.get_input_embeddings().weight.detach().float()
     if isinstance(module, Eagle3Drafter):

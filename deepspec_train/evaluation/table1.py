@@ -1,0 +1,160 @@
+"""The DSpark paper's Table-1 layout from the rounds of several drafters decoded on the same suites: tau per suite
+and its macro average, each drafter's tau ratio against a baseline with a paired bootstrap over prompts,
+conditional acceptance per position, and the measured draft cost per round.
+
+Definitions (as ``deepspec eval``'s report and ``evaluation.paired_bootstrap``):
+
+- ``tau`` of a suite = emitted tokens / verification rounds over all its prompts and seeds (bonus included);
+- macro average = the unweighted mean of the suites' tau (each suite counts the same, as the paper's average);
+- ratio ``d / baseline`` per suite = tau_d / tau_baseline; across suites, the geometric mean of those ratios.
+  Intervals come from one paired bootstrap per temperature: a replicate redraws each suite's prompts (seeds
+  pooled per prompt) and recomputes every drafter's tau on that draw;
+- ``P(A_k | A_<k)`` per position (``evaluation.report.conditional_acceptance``);
+- draft cost: sequential decoder-layer passes per round (from the drafter's kind) and measured drafter time per
+  round, as CPU time of the decoding thread and as wall time, each with a bootstrap interval over prompts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from deepspec_train.errors import UserError
+from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau_ratios
+from deepspec_train.evaluation.drafter_comparison import draft_ms_per_round, markdown, tau_by_category, totals_by_category
+from deepspec_train.evaluation.report import conditional_acceptance
+from deepspec_train.formats.eval_traces import TraceRound
+
+MACRO = "macro avg"
+GEOMEAN = "geomean"
+
+
+@dataclass(frozen=True)
+class DraftCost:
+    """A drafter's cost per round: layer passes one after the other, and measured ms (CPU and wall)."""
+
+    sequential_layer_passes: int
+    cpu_ms: RatioEstimate
+    wall_ms: RatioEstimate
+
+
+@dataclass(frozen=True)
+class Table1:
+    """One temperature's comparison; see the module docstring for every number."""
+
+    temperature: float
+    seeds: tuple[int, ...]
+    baseline: str
+    drafters: tuple[str, ...]
+    suites: tuple[str, ...]
+    prompts: dict[str, int]
+    tau: dict[str, dict[str, float]]
+    macro_tau: dict[str, float]
+    ratios: dict[str, dict[str, RatioEstimate]]
+    acceptance: dict[str, dict[str, list[Optional[float]]]]
+    cost: dict[str, DraftCost]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "temperature": self.temperature, "seeds": list(self.seeds), "baseline": self.baseline,
+            "drafters": list(self.drafters), "suites": list(self.suites), "prompts": self.prompts,
+            "tau": self.tau, "macro_tau": self.macro_tau,
+            "ratios": {d: {s: e.to_dict() for s, e in by_suite.items()} for d, by_suite in self.ratios.items()},
+            "conditional_acceptance": self.acceptance,
+            "draft_cost": {d: {"sequential_layer_passes": c.sequential_layer_passes, "cpu_ms": c.cpu_ms.to_dict(),
+                               "wall_ms": c.wall_ms.to_dict()} for d, c in self.cost.items()},
+        }
+
+
+@dataclass(frozen=True)
+class TableSettings:
+    """How one temperature's table is computed: the ``baseline`` drafter the ratios divide by, the decoding
+    ``temperature`` and ``seeds``, the command line's ``suite_order`` and the bootstrap's replicates and seed."""
+
+    baseline: str
+    temperature: float
+    seeds: tuple[int, ...]
+    suite_order: tuple[str, ...] = ()
+    replicates: int = 2000
+    bootstrap_seed: int = 0
+
+
+def build_table1(
+    rows: dict[str, list[TraceRound]],
+    block_sizes: dict[str, int],
+    layer_passes: dict[str, int],
+    settings: TableSettings,
+) -> Table1:
+    """The table of drafters ``rows`` (name -> their rounds, every drafter on the same prompts and seeds); suites
+    in ``settings.suite_order`` come first, in that order (the command line's), any others after them."""
+    baseline, suite_order = settings.baseline, settings.suite_order
+    replicates, bootstrap_seed = settings.replicates, settings.bootstrap_seed
+    if baseline not in rows:
+        raise UserError(f"--baseline {baseline!r} is not one of the drafters {sorted(rows)}")
+    drafters = tuple(rows)
+    totals = totals_by_category(rows, group_of=lambda r: r.suite)
+    suites = tuple([s for s in suite_order if s in totals] + sorted(set(totals) - set(suite_order)))
+    tau = tau_by_category(totals)
+    by_drafter = {d: {s: tau[s][d] for s in suites} for d in drafters}
+    others = [d for d in drafters if d != baseline]
+    estimates = bootstrap_tau_ratios(totals, [(d, baseline) for d in others], replicates, bootstrap_seed)
+    acceptance = {
+        d: {s: conditional_acceptance([r for r in rows[d] if r.suite == s], block_sizes[d]) for s in suites}
+        for d in drafters
+    }
+    cost = {
+        d: DraftCost(layer_passes[d], draft_ms_per_round(rows[d], replicates, bootstrap_seed),
+                     draft_ms_per_round(rows[d], replicates, bootstrap_seed, field="draft_seconds"))
+        for d in drafters
+    }
+    return Table1(
+        temperature=settings.temperature, seeds=settings.seeds, baseline=baseline, drafters=drafters, suites=suites,
+        prompts={s: next(iter(totals[s].values())).emitted.size for s in suites},
+        tau=by_drafter, macro_tau={d: sum(by_drafter[d].values()) / len(suites) for d in drafters},
+        ratios={d: estimates[(d, baseline)] for d in others}, acceptance=acceptance, cost=cost,
+    )
+
+
+def _interval(estimate: RatioEstimate) -> str:
+    return f"{estimate.value:.3f} [{estimate.low:.3f}, {estimate.high:.3f}]"
+
+
+def tau_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
+    """Columns and rows of the main table, laid out as the paper's: one column per suite (with its prompt count)
+    and the macro average, a tau row per drafter, then a ratio row per drafter other than the baseline (whose
+    last cell is the geometric mean of the suites' ratios)."""
+    others = [d for d in table.drafters if d != table.baseline]
+    columns = ["", *(f"{s} (n={table.prompts[s]})" for s in table.suites), f"{MACRO} (ratios: {GEOMEAN})"]
+    body = [[f"tau {d}", *(f"{table.tau[d][s]:.3f}" for s in table.suites), f"{table.macro_tau[d]:.3f}"]
+            for d in table.drafters]
+    body += [[f"{d} / {table.baseline}", *(_interval(table.ratios[d][s]) for s in table.suites),
+              _interval(table.ratios[d][GEOMEAN])] for d in others]
+    return columns, body
+
+
+def acceptance_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
+    """``drafter | suite | P(A_1) .. P(A_K)`` for the longest block among the drafters."""
+    width = max(len(curve) for by_suite in table.acceptance.values() for curve in by_suite.values())
+    columns = ["drafter", "suite", *(f"k={k}" for k in range(1, width + 1))]
+    body = []
+    for d in table.drafters:
+        for s in table.suites:
+            cells = ["-" if v is None else f"{v:.3f}" for v in table.acceptance[d][s]]
+            body.append([d, s, *cells, *[""] * (width - len(cells))])
+    return columns, body
+
+
+def cost_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
+    columns = ["drafter", "sequential layer passes / round", "draft CPU ms / round", "draft wall ms / round"]
+    body = [[d, str(c.sequential_layer_passes), _interval(c.cpu_ms), _interval(c.wall_ms)]
+            for d, c in table.cost.items()]
+    return columns, body
+
+
+def table1_markdown(table: Table1) -> str:
+    """The three tables of one temperature as markdown, under a heading naming temperature and seeds."""
+    seeds = ", ".join(str(s) for s in table.seeds)
+    parts = [f"## T = {table.temperature:g} (seeds {seeds}; baseline {table.baseline})", "",
+             markdown(*tau_rows(table)), "", "P(A_k | A_<k), per position:", "", markdown(*acceptance_rows(table)),
+             "", "Draft cost (measured on this machine):", "", markdown(*cost_rows(table))]
+    return "\n".join(parts)

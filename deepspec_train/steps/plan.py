@@ -1,0 +1,95 @@
+"""The step plan: which sequences every optimizer step of one drafter rank trains on, as a pure function of the
+step number (no process group, no model).
+
+Global step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``; an epoch visits a
+permutation of the dataset drawn from (seed, epoch), ``sequences_per_step`` sequences per step, and the sequences
+that do not fill a whole step are left out of that epoch. A step's sequences are strided over the drafter ranks
+(rank ``r`` of ``D`` takes every ``D``-th sequence from position ``r``), so ``D`` need not divide the sequences
+per step: shares then differ by one sequence, and the trainer's loss is still normalised by the supervised slots
+of all ranks together.
+
+A checkpoint stores the data position after its last step as (epoch, step in epoch) with a lazy epoch rollover:
+after the last step of epoch ``e`` it reads (e, steps_per_epoch), not (e + 1, 0). ``data_state`` and
+``next_step_of`` convert between that record and the next global step, for the colocated and streamed sources
+alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from deepspec_train.steps.chunk_plan import ChunkPlan, PackingSpec, plan_chunks
+
+
+@dataclass(frozen=True)
+class StepPosition:
+    """Where a global step falls in the data."""
+
+    epoch: int
+    step_in_epoch: int
+
+
+def step_position(step: int, steps_per_epoch: int) -> StepPosition:
+    return StepPosition(*divmod(step, steps_per_epoch))
+
+
+def data_state(next_step: int, steps_per_epoch: int) -> dict:
+    """The checkpoint's data position once steps ``0 .. next_step-1`` are done (lazy rollover, see above)."""
+    if next_step == 0:
+        return {"epoch": 0, "step_in_epoch": 0}
+    last = step_position(next_step - 1, steps_per_epoch)
+    return {"epoch": last.epoch, "step_in_epoch": last.step_in_epoch + 1}
+
+
+def next_step_of(state: dict, steps_per_epoch: int) -> int:
+    """The global step a checkpoint's data position resumes at."""
+    return int(state["epoch"]) * steps_per_epoch + int(state["step_in_epoch"])
+
+
+def epoch_order(num_sequences: int, seed: int, epoch: int, shuffle: bool) -> torch.Tensor:
+    """The dataset indices of one epoch, in visiting order."""
+    if not shuffle:
+        return torch.arange(num_sequences)
+    gen = torch.Generator()
+    gen.manual_seed(seed * 31 + epoch)
+    return torch.randperm(num_sequences, generator=gen)
+
+
+@dataclass(frozen=True, eq=False)
+class StepPlan:
+    """One drafter rank's plan over ``rows`` (a tokenised dataset: ``input_ids``, ``loss_mask``, ``sample_id``):
+    per global step, its position, this rank's sequence indices and their chunk plans."""
+
+    rows: Sequence[dict]
+    sequences_per_step: int
+    seed: int
+    packing: PackingSpec
+    rank: int = 0
+    world_size: int = 1
+    shuffle: bool = True
+
+    def __post_init__(self) -> None:
+        if len(self.rows) < self.sequences_per_step:
+            raise ValueError(f"dataset has {len(self.rows)} sequences, fewer than one step's {self.sequences_per_step}")
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.rows) // self.sequences_per_step
+
+    def position(self, step: int) -> StepPosition:
+        return step_position(step, self.steps_per_epoch)
+
+    def sequence_indices(self, step: int) -> list[int]:
+        """Dataset indices this rank trains on at global ``step``."""
+        where = self.position(step)
+        order = epoch_order(len(self.rows), self.seed, where.epoch, self.shuffle)
+        start = where.step_in_epoch * self.sequences_per_step
+        return order[start : start + self.sequences_per_step][self.rank :: self.world_size].tolist()
+
+    def chunks(self, step: int) -> list[ChunkPlan]:
+        """This rank's chunks at global ``step``: rows, anchors and packing, no target forward."""
+        rows = [self.rows[i] for i in self.sequence_indices(step)]
+        return plan_chunks(rows, self.packing, self.seed, self.position(step).epoch)

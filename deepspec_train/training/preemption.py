@@ -1,0 +1,156 @@
+"""Preemption: on SIGTERM or SIGUSR1 the run finishes its optimizer step, writes one checkpoint and exits with
+status ``PREEMPTED_EXIT_CODE`` (4), so that a scheduler can requeue it and ``train.resume=auto`` continue it
+exactly.
+
+What each rank does:
+
+- The signal only raises a flag (``install``); a second one restores the default action and re-sends itself,
+  so a stuck checkpoint write can still be killed. A checkpoint is written under a temporary name and renamed
+  with its manifest (``training.checkpoint``), so a kill mid-write never leaves one that verifies.
+- A ``StopWatch`` thread posts a raised flag in the rendezvous store and raises the flag of every rank that
+  reads a post there: a signal sent to one process (a target worker, a single ``srun`` task) reaches all.
+- After each optimizer step the drafter ranks (the colocated ranks) agree with one max all-reduce of their
+  flags (``agreed_to_stop``), so they all stop after the same step, checkpoint it and raise ``Preempted``.
+- Streamed: drafter worker 0 posts the step it stopped after; target workers then drop what they still had
+  queued or were computing (the checkpoint holds the drafters' data position, and a resumed drafter tells its
+  target which step to start from), acknowledge, sign off and exit with the same status. The drafters leave
+  after the acknowledgements, so no target worker mistakes their exit for a death.
+
+The rank that writes the checkpoint logs one line. When ``DEEPSPEC_PREEMPTED_FILE`` is set (``train.sbatch``
+sets it), that rank also writes the step there: a launcher such as ``torchrun`` reports its own status, not the
+workers', so the job script learns from the file that the run was preempted and requeues it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from deepspec_train.training.distributed import DistContext
+
+PREEMPTED_EXIT_CODE = 4
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+MARKER_ENV = "DEEPSPEC_PREEMPTED_FILE"
+_REQUESTED = "deepspec/preempt/requested"
+_STOPPED_AT = "deepspec/preempt/stopped_at"
+_ACK_PREFIX = "deepspec/preempt/ack/"
+POLL_S = 0.2
+# How long drafters wait for the target workers to acknowledge their stop before leaving anyway.
+ACK_WAIT_S = 30.0
+
+_requested = threading.Event()
+_signal_name: list[str] = []
+# Set on a target worker once the drafters stopped: its sends may fail from now on, and that is no failure.
+drafters_stopped = threading.Event()
+
+
+class Preempted(Exception):
+    """Raised by the trainer once every drafter rank has checkpointed ``step`` after a preemption signal."""
+
+    def __init__(self, step: int, checkpoint: Path) -> None:
+        super().__init__(f"preempted after step {step}")
+        self.step = step
+        self.checkpoint = checkpoint
+
+
+def _on_signal(signum: int, frame) -> None:
+    if _requested.is_set():
+        # The second signal: leave now, by that signal's default action.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    _signal_name.append(signal.Signals(signum).name)
+    _requested.set()
+
+
+def install() -> None:
+    """Catch SIGTERM and SIGUSR1 in this process (main thread only; a launcher may have set them to ignore)."""
+    _requested.clear()
+    _signal_name.clear()
+    for signum in SIGNALS:
+        signal.signal(signum, _on_signal)
+
+
+def requested() -> bool:
+    return _requested.is_set()
+
+
+def agreed_to_stop(ctx: DistContext) -> bool:
+    """Whether any rank of the role (or, through the store, of the run) was asked to stop; the same answer on
+    every rank of ``ctx`` (a collective over its group when there are several ranks)."""
+    if not ctx.distributed:
+        return _requested.is_set()
+    flag = torch.tensor([1 if _requested.is_set() else 0], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
+    return bool(flag.item())
+
+
+def announce(step: int, checkpoint: Path, log: Callable[[str], None]) -> None:
+    """The one log line of a preempted run (and the marker file for the job script when asked for)."""
+    cause = _signal_name[0] if _signal_name else "a preemption signal on another rank"
+    log(f"preempted by {cause}: stopped after step {step}, checkpoint {checkpoint}; exit status "
+        f"{PREEMPTED_EXIT_CODE} (continue with train.resume=auto)")
+    marker = os.environ.get(MARKER_ENV)
+    if marker:
+        Path(marker).write_text(json.dumps({"step": step, "checkpoint": str(checkpoint)}) + "\n")
+
+
+class StopWatch:
+    """The thread that carries stop requests through the rendezvous store (see the module docstring); a
+    streamed target worker passes ``on_drafters_stopped``, called once the drafters have stopped."""
+
+    def __init__(self, rank: int, on_drafters_stopped: Optional[Callable[[], None]] = None) -> None:
+        self.rank = rank
+        self.on_drafters_stopped = on_drafters_stopped
+        self._store = dist.distributed_c10d._get_default_store()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="deepspec-stop-watch", daemon=True)
+
+    def start(self) -> "StopWatch":
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop watching; returns once the thread is out of any store call (a process that exits while a thread
+        uses the store aborts)."""
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * POLL_S + 1.0)
+
+    def _run(self) -> None:
+        posted = False
+        while not self._stop.wait(POLL_S):
+            try:
+                if _requested.is_set() and not posted:
+                    self._store.set(_REQUESTED, str(self.rank))
+                    posted = True
+                elif not _requested.is_set() and self._store.check([_REQUESTED]):
+                    _requested.set()
+                if self.on_drafters_stopped is not None and self._store.check([_STOPPED_AT]):
+                    drafters_stopped.set()
+                    self._store.set(f"{_ACK_PREFIX}{self.rank}", "1")
+                    self.on_drafters_stopped()
+                    return
+            except RuntimeError:
+                return  # the store's host left: the peer watchdog reports that
+
+
+def tell_target_workers(num_target_ranks: int) -> None:
+    """Drafter side, streamed: post that the drafters stopped (each has checkpointed), then wait (bounded) until
+    every target worker (global ranks ``0 .. num_target_ranks - 1``) has read it, so that none of them takes the
+    drafters' exit for a failure."""
+    store = dist.distributed_c10d._get_default_store()
+    try:
+        store.set(_STOPPED_AT, "1")
+        acks = [f"{_ACK_PREFIX}{rank}" for rank in range(num_target_ranks)]
+        store.wait(acks, datetime.timedelta(seconds=ACK_WAIT_S))
+    except RuntimeError:
+        pass  # a target worker that is gone or silent: the drafters' checkpoint is already whole

@@ -1,0 +1,130 @@
+"""Preemption: SIGTERM to a ``torchrun`` of two colocated ranks, and to the target worker of a streamed 1 + 1
+run (plain processes, no agent): every rank finishes its step, one checkpoint is written, one line is logged,
+every worker exits with status 4, and ``train.resume=auto`` then gives per-step losses and final weights equal,
+bit for bit, to an uninterrupted run's. A second signal during the stop kills the process at once, and whatever
+checkpoints are left still verify.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from deepspec_train.training.checkpoint import list_checkpoints
+from deepspec_train.training.checkpoint_manifest import checkpoint_problem
+from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
+from tests.helpers.streaming_world import (
+    REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all,
+)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 24
+COMMON = {"train.max_steps": STEPS, "train.eval_every": 1000, "train.checkpoint_every": 1000}
+
+
+def wait_for_steps(out: Path, count: int, procs: list[subprocess.Popen], logs: str) -> None:
+    deadline = time.monotonic() + 240
+    while len(step_losses(out)) < count:
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs
+        time.sleep(0.05)
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "drafter" / "drafter.safetensors"))
+
+
+def assert_same_run(full: Path, resumed: Path) -> None:
+    expected, got = step_losses(full), step_losses(resumed)
+    assert sorted(expected) == list(range(1, STEPS + 1)) and sorted(got) == sorted(expected)
+    assert [got[s] for s in sorted(got)] == [expected[s] for s in sorted(expected)], (expected, got)
+    a, b = final_weights(full), final_weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def torchrun(args: list[str], log: Path, worker_logs: Path) -> subprocess.Popen:
+    """``torchrun`` of two ranks; the agent's output in ``log``, each worker's under ``worker_logs``."""
+    env = rank_env(0, 1, 0)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key)
+    with open(log, "w") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
+             "--redirects", "3", "--log-dir", str(worker_logs), "train.py", *args],
+            cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
+        )
+
+
+def preempted_once(out: Path, log_text: str) -> int:
+    """The step the run stopped after: checks its single checkpoint and the single log line."""
+    kept = list_checkpoints(out)
+    assert len(kept) == 1 and checkpoint_problem(kept[0]) is None, (kept, log_text)
+    step = int(kept[0].name.removeprefix("step_"))
+    lines = [line for line in log_text.splitlines() if "preempted by" in line]
+    assert len(lines) == 1 and f"stopped after step {step}," in lines[0], log_text
+    assert sorted(step_losses(out)) == list(range(1, step + 1)), log_text
+    assert not (out / "drafter").exists()
+    return step
+
+
+def test_sigterm_to_torchrun_of_two_colocated_ranks(streaming_world, tmp_path) -> None:
+    full, split = tmp_path / "full", tmp_path / "split"
+    run_ranks(recipe_overrides(streaming_world, full, **COMMON), 2, full / "logs", timeout=300)
+    log = tmp_path / "torchrun.log"
+    marker = tmp_path / "preempted.json"
+    os.environ["DEEPSPEC_PREEMPTED_FILE"] = str(marker)
+    try:
+        agent = torchrun(recipe_overrides(streaming_world, split, **COMMON), log, tmp_path / "workers")
+    finally:
+        del os.environ["DEEPSPEC_PREEMPTED_FILE"]
+    wait_for_steps(split, 3, [agent], "torchrun did not reach step 3")
+    agent.send_signal(signal.SIGTERM)
+    agent.wait(timeout=60)
+    # The agent passes SIGTERM on to its workers and then ends with its own status and SignalException (not the
+    # workers' status): the job script learns about the preemption from the marker file.
+    workers = "\n".join(path.read_text() for path in sorted((tmp_path / "workers").rglob("*.log")))
+    assert agent.returncode != 0 and "Traceback" not in workers, workers
+    step = preempted_once(split, workers)
+    assert 3 <= step < STEPS and f'"step": {step}' in marker.read_text()
+    resume = recipe_overrides(streaming_world, split, **COMMON, **{"train.resume": "auto"})
+    run_ranks(resume, 2, split / "logs2", timeout=300)
+    assert_same_run(full, split)
+
+
+def test_sigterm_to_the_target_worker_of_a_streamed_run(streaming_world, tmp_path) -> None:
+    streamed = COMMON | {"topology.target_workers": 1}
+    full, split = tmp_path / "full", tmp_path / "split"
+    run_ranks(recipe_overrides(streaming_world, full, **streamed), 2, full / "logs", timeout=300)
+    procs = start_ranks(["train.py", *recipe_overrides(streaming_world, split, **streamed)], 2, split / "logs1")
+    wait_for_steps(split, 3, procs, "the streamed run did not reach step 3")
+    procs[0].send_signal(signal.SIGTERM)
+    codes = wait_all(procs, 60)
+    text = read_logs(split / "logs1", 2)
+    assert codes == [PREEMPTED_EXIT_CODE] * 2, text
+    assert "error" not in text.lower(), text
+    step = preempted_once(split, text)
+    assert 3 <= step < STEPS
+    resume = recipe_overrides(streaming_world, split, **streamed, **{"train.resume": "auto"})
+    run_ranks(resume, 2, split / "logs2", timeout=300)
+    assert_same_run(full, split)
+
+
+def test_a_second_signal_kills_at_once_and_leaves_only_whole_checkpoints(streaming_world, tmp_path) -> None:
+    out = tmp_path / "run"
+    args = recipe_overrides(streaming_world, out, **COMMON | {"train.checkpoint_every": 1})
+    procs = start_ranks(["train.py", *args], 1, out / "logs")
+    wait_for_steps(out, 3, procs, "the run did not reach step 3")
+    # Two different signals: two of the same kind sent together may reach Python's handler as one.
+    procs[0].send_signal(signal.SIGTERM)
+    procs[0].send_signal(signal.SIGUSR1)
+    assert wait_all(procs, 30)[0] in (-signal.SIGTERM, -signal.SIGUSR1), read_logs(out / "logs", 1)
+    kept = list_checkpoints(out)
+    assert kept and all(checkpoint_problem(path) is None for path in kept), kept
