@@ -38,7 +38,7 @@ from deepspec_train.formats.trained_drafter import read_trained_drafter
 from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
 from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.jobs.run import run_training
-from deepspec_train.kinds.layout_registry import layout_of_config
+from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout
 from deepspec_train.models.scale_targets import scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
@@ -156,7 +156,7 @@ def test_family_recipe_trains_exports_reloads_and_passes_the_engine_rules(recipe
     rank_zero = layout == "dspark" and config["markov_rank"] == 0
     for engine in ENGINES:
         reading = readings[engine]
-        serves = family.engines[engine].unserved(layout) is None and not (rank_zero and engine == "sglang")
+        serves = family.engines[engine].unserved(serving_layout(layout).capture) is None and not (rank_zero and engine == "sglang")
         assert (reading.unserved is None) == serves == (real_shapes[engine].unserved is None), (engine, reading)
         if serves:
             assert reading.captured_layers == cfg.target.layer_ids == real_shapes[engine].captured_layers
