@@ -81,7 +81,7 @@ def streamed(family_root: Path, family_worlds: dict):
     runs_file = family_root / "streamed_runs.json"
     runs_file.write_text(json.dumps(runs))
     log_dir = family_root / "streamed_logs"
-    procs = start_ranks(["-m", "tests.scale_streamed_ranks", str(runs_file)], 2, log_dir)
+    procs = start_ranks(["-m", "tests.helpers.scale_streamed_ranks", str(runs_file)], 2, log_dir)
     codes: list[int] = []
 
     def wait() -> None:
