@@ -20,6 +20,8 @@ range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly alway
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -145,28 +147,35 @@ def stream_bytes_in_flight(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len
     return (cfg.stream.depth + 1) * payload.largest_micro_batch_bytes
 
 
-def _sparse_layers(hf_config: Any) -> list[bool]:
-    """Per decoder layer: whether it is a mixture-of-experts layer (Qwen3-MoE's rule; dense targets: none)."""
-    experts = getattr(hf_config, "num_experts", 0) or 0
-    step = getattr(hf_config, "decoder_sparse_step", 1) or 1
-    dense = set(getattr(hf_config, "mlp_only_layers", None) or [])
-    return [bool(experts) and i not in dense and (i + 1) % step == 0 for i in range(hf_config.num_hidden_layers)]
+@functools.lru_cache(maxsize=32)
+def _meta_param_counts(config_json: str) -> tuple[int, int, int]:
+    """(decoder + final norm, routed-expert, attention) parameter counts of the causal LM a config describes,
+    counted on the meta device (nothing allocated): exact for every family (MLA projections, shared experts,
+    biases and attention sinks included), with no per-architecture formula."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = json.loads(config_json)
+    config = AutoConfig.for_model(data.pop("model_type"), **data)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    heads = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    decoder = [(name, p.numel()) for name, p in model.named_parameters() if id(p) not in heads]
+    return (sum(n for _, n in decoder), sum(n for name, n in decoder if ".mlp.experts." in name),
+            sum(n for name, n in decoder if ".self_attn." in name))
+
+
+def _counts(hf_config: Any) -> tuple[int, int, int]:
+    return _meta_param_counts(json.dumps(hf_config.to_dict(), sort_keys=True, default=str))
 
 
 def _decoder_params(hf_config: Any, active: bool) -> int:
-    d = hf_config.hidden_size
-    hd = getattr(hf_config, "head_dim", None) or d // hf_config.num_attention_heads
-    q, kv = hf_config.num_attention_heads * hd, hf_config.num_key_value_heads * hd
-    attention = d * q + 2 * d * kv + q * d + 2 * hd
-    total = d
-    for sparse in _sparse_layers(hf_config):
-        if sparse:
-            experts = hf_config.num_experts_per_tok if active else hf_config.num_experts
-            mlp = experts * 3 * d * hf_config.moe_intermediate_size + d * hf_config.num_experts
-        else:
-            mlp = 3 * d * hf_config.intermediate_size
-        total += attention + mlp + 2 * d
-    return total
+    decoder, experts, _ = _counts(hf_config)
+    if not active or not experts:
+        return decoder
+    routed = (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+              or getattr(hf_config, "n_routed_experts"))
+    # A token is multiplied with num_experts_per_tok of the routed experts (shared experts sit outside .experts.).
+    return decoder - experts + experts * hf_config.num_experts_per_tok // routed
 
 
 def target_decoder_params(hf_config: Any) -> int:
@@ -189,11 +198,8 @@ def target_total_params(hf_config: Any) -> int:
 
 
 def target_attention_params(hf_config: Any) -> int:
-    """Parameters of the attention blocks (projections and q/k norms) of all decoder layers."""
-    d = hf_config.hidden_size
-    hd = getattr(hf_config, "head_dim", None) or d // hf_config.num_attention_heads
-    q, kv = hf_config.num_attention_heads * hd, hf_config.num_key_value_heads * hd
-    return hf_config.num_hidden_layers * (d * q + 2 * d * kv + q * d + 2 * hd)
+    """Parameters of the attention blocks (projections, q/k norms, sinks) of all decoder layers."""
+    return _counts(hf_config)[2]
 
 
 def target_flops_per_sequence(hf_config: Any, seq_len: int) -> float:
@@ -346,10 +352,11 @@ def target_working_bytes(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: 
 def reference_target_config(cfg: RecipeConfig, name: Optional[str] = None) -> Any:
     """The published config of the recipe's target (named by its ``target.path`` directory, ``models/Qwen3-8B``),
     or of the target ``name``."""
+    from deepspec_train.models.family_configs import family_reference_configs
     from deepspec_train.models.reference_configs import reference_configs
 
     name = name or Path(cfg.target.path).name
-    configs = reference_configs()
+    configs = reference_configs() | family_reference_configs()
     if name not in configs:
         raise KeyError(f"no reference config for target {name!r}; known: {sorted(configs)}")
     return configs[name]
@@ -454,6 +461,11 @@ def _print_table(columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> 
         print("| " + " | ".join(cells) + " |")
 
 
+# The production recipes of the target families beyond Qwen3 (Llama 3, Gemma 3, GPT-OSS, DeepSeek-V3 / Kimi-K2).
+FAMILY_RECIPES = (
+    "llama-3.1-8b", "llama-3.1-8b-dflash", "llama-3.1-8b-eagle3", "llama-3.3-70b", "gemma-3-12b", "gpt-oss-20b",
+    "gpt-oss-120b", "deepseek-v3", "kimi-k2",
+)
 # The cluster table's targets: (recipe whose drafter trains, target without a recipe of its own or None).
 CLUSTER_TARGETS = [
     ("qwen3-8b", None), ("qwen3-14b", None), ("qwen3-8b", "Qwen3-32B"), ("qwen3-30b-a3b", None),
@@ -463,7 +475,8 @@ CLUSTER_TARGETS = [
 
 def main() -> None:
     """Print the docs' two sizing tables (markdown): every dense production recipe on one node at 1024, 2048 and
-    4096 tokens, then colocated against streamed splits with TP groups for the large targets on 1, 2, 4 nodes."""
+    4096 tokens and every other family's recipe at 2048, then colocated against streamed splits with TP groups
+    for the large targets on 1, 2, 4 nodes."""
     columns = [
         ("recipe", "recipe"), ("seq_len", "L"), ("target_tok_s", "target tok/s"), ("drafter_tok_s", "drafter tok/s"),
         ("drafter_per_target", "drafter/target FLOPs"), ("colocated_seq_s_node", "colocated seq/s/node"),
@@ -477,6 +490,7 @@ def main() -> None:
             for seq_len in (1024, 2048, 4096):
                 recipe = f"qwen3-{size}{variant}"
                 rows.append({"recipe": recipe, "seq_len": seq_len} | sizing_row(recipe, seq_len))
+    rows += [{"recipe": recipe, "seq_len": 2048} | sizing_row(recipe, 2048) for recipe in FAMILY_RECIPES]
     _print_table(columns, rows)
     print()
     columns = [

@@ -150,8 +150,8 @@ def test_sglang_eagle3_rule_depends_on_the_target_architecture(plans):
     # First id 0: taken as capture points as-is, one layer early (0 is the embedding output, -1).
     assert engine_reading("sglang", config, tensors, target).captured_layers == [-1, 16, 31]
     target["architectures"] = ["MistralForCausalLM"]
-    problems = engine_reading("sglang", config, tensors, target).problems
-    assert "capture rule for a MistralForCausalLM target" in problems[0]
+    reading = engine_reading("sglang", config, tensors, target)
+    assert reading.by_architecture and "capture rule for a MistralForCausalLM target is not known" in reading.unserved
 
 
 def test_draft_vocabulary_maps_must_match_the_vocabulary(plans):

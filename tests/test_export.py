@@ -247,8 +247,9 @@ def test_reduced_eagle3_vocab_needs_its_maps(tmp_path, target_dir):
     [
         ("dflash", "zlab", "dspark", "with zlab labels exports only as zlab-dflash, not dspark"),
         ("dflash", "dspark", "zlab-dflash", "dflash drafter trained with dspark labels exports only as dspark, not zlab"),
-        ("dspark", "dspark", "zlab-dflash", "dspark drafter trained with dspark labels exports only as dspark, not zlab"),
-        ("dspark", "dspark", "eagle3", "exports only as dspark, not eagle3"),
+        ("dspark", "dspark", "zlab-dflash",
+         "dspark drafter trained with dspark labels exports only as dspark / speculators-dspark, not zlab"),
+        ("dspark", "dspark", "eagle3", "exports only as dspark / speculators-dspark, not eagle3"),
     ],
 )
 def test_exporter_refuses_mismatched_label_convention(tmp_path, target_dir, kind, labels, layout, message):

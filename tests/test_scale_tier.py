@@ -69,6 +69,7 @@ from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from tests.helpers.tiny_drafter import drafter_outputs
 from tests.helpers.qwen3_tokenizer import QWEN3_TOKEN_IDS
+from tests.helpers.scale_checks import CHANGED_KEYS, drop_final_checkpoint, flat_config
 from tests.helpers.scale_world import (
     SCALE_TIER, TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, build_scale_world, scale_overrides,
 )
@@ -78,14 +79,6 @@ from tests.helpers.streaming_world import free_port, read_logs, start_ranks, ste
 # and their final weights are bit-identical, not only their losses.
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
-# The recipe keys the tier may change: paths, sizes, step count, the logging of a test run, and the topology: one
-# target worker without a tensor-parallel group (groups are tested in test_target_groups.py).
-CHANGED_KEYS = {
-    "target.path", "data.train", "data.validation", "data.cache_dir", "data.max_length", "data.num_workers",
-    "train.max_steps", "train.global_batch_sequences", "train.eval_every", "train.eval_sequences",
-    "logging.wandb", "logging.progress", "logging.log_every", "run.output_dir", "topology.target_workers",
-    "topology.target_tp",
-}
 # Config entries that record where and how a config was saved, not the architecture.
 SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
 STREAMED_TIMEOUT_S = 900
@@ -164,24 +157,6 @@ def colocated_runs(scale_root: Path, scale_worlds: dict):
     return run
 
 
-def _drop_final_checkpoint(run_dir: Path) -> None:
-    """The run ends with a checkpoint (weights + Adam state: about 0.9 GB for a DSpark drafter's V x r Markov
-    factors); the tier checks it was written, then frees the disk."""
-    final = run_dir / "checkpoints" / "step_00000002"
-    assert (final / "trainer_state.json").is_file()
-    shutil.rmtree(final)
-
-
-def _flat(tree: dict, prefix: str = "") -> dict[str, object]:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def test_tier_covers_every_production_recipe() -> None:
     assert sorted(SCALE_TIER) == sorted(PRODUCTION_RECIPES)
     for recipe, target in SCALE_TIER.items():
@@ -237,10 +212,10 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
     production = load_recipe(recipe, check_target=False)
     cfg = colocated_runs(recipe)
     run_dir = Path(cfg.run.output_dir)
-    original, scaled = _flat(config_to_dict(production)), _flat(config_to_dict(cfg))
+    original, scaled = flat_config(config_to_dict(production)), flat_config(config_to_dict(cfg))
     assert {key for key in original if original[key] != scaled[key]} <= CHANGED_KEYS
     assert sorted(step_losses(run_dir)) == [1, 2]
-    _drop_final_checkpoint(run_dir)
+    drop_final_checkpoint(run_dir)
 
     target = cfg.target.path
     export_dir = run_dir.parent / "export"
@@ -296,7 +271,7 @@ def test_streamed_run_matches_colocated(recipe: str, colocated_runs, streamed_la
     got, expected = read_trained_drafter(streamed / "drafter"), read_trained_drafter(colocated / "drafter")
     assert got.weights.keys() == expected.weights.keys()
     assert all(torch.equal(got.weights[name], expected.weights[name]) for name in expected.weights)
-    _drop_final_checkpoint(streamed)
+    drop_final_checkpoint(streamed)
     # Both runs and the export passed every check: free the recipe's ~1 GB of DSpark drafter files.
     shutil.rmtree(streamed.parent)
 
@@ -316,7 +291,7 @@ def test_sequential_markov_heads_export_for_sglang_only(head_type: str, scale_ro
     cfg = load_recipe(recipe, scale_overrides(world, run_dir / "colocated", **extra))
     assert run_training(cfg).steps == 2
     trained_dir = Path(cfg.run.output_dir)
-    _drop_final_checkpoint(trained_dir)
+    drop_final_checkpoint(trained_dir)
     export_dir = run_dir / "export"
     argv = ["export", "--drafter", str(trained_dir / "drafter"), "--target", cfg.target.path, "--out", str(export_dir)]
     assert deepspec(argv) == 0

@@ -5,8 +5,8 @@ Three groups, each a function returning one-line messages (empty when the recipe
 - ``recipe_problems``: what the recipe alone decides: ranges, enum-like strings, paths that must exist (the
   drafter kind's own rules, e.g. DFlash has no Markov head, are its record's: ``kinds``);
 - ``target_problems``: what needs the target's ``config.json`` (no weights): tapped layers inside the target,
-  the mask token inside its vocabulary, a draft vocabulary no larger than it, heads and MLP widths that split
-  over ``topology.target_tp`` ranks;
+  the mask token inside its vocabulary, a draft vocabulary no larger than it, what the target family's TP plan
+  splits dividing by ``topology.target_tp``, no final-logit soft-capping the frozen head would miss;
 - ``launch_problems``: what needs the launch (world size): enough processes for the topology, at least one
   sequence per step for every drafter rank (the drafter count need not divide the global batch).
 
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.families.catalog import family_of
+from deepspec_train.families.records import heads_and_widths_split
 
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -149,34 +151,16 @@ def _topology_problems(target_workers: int, target_tp: int) -> list[str]:
     return []
 
 
-def _sparse_layers(target_config: Mapping[str, Any]) -> bool:
-    """Whether the target has mixture-of-experts layers: Qwen3-MoE's ``num_experts`` (the published configs) or
-    ``num_local_experts`` (what transformers 5 writes for the same attribute), with an expert width."""
-    experts = target_config.get("num_experts") or target_config.get("num_local_experts")
-    return bool(experts) and bool(target_config.get("moe_intermediate_size"))
-
-
-def _dense_mlp_layers(target_config: Mapping[str, Any]) -> bool:
-    layers = target_config.get("num_hidden_layers") or 0
-    if not _sparse_layers(target_config):
-        return True
-    step = target_config.get("decoder_sparse_step") or 1
-    dense_only = set(target_config.get("mlp_only_layers") or [])
-    return any(i in dense_only or (i + 1) % step for i in range(layers))
-
-
 def tensor_parallel_problems(target_config: Mapping[str, Any], target_tp: int, plan: str = "auto") -> list[str]:
-    """What a group's TP plan splits ``target_tp`` ways must divide by it: the dense MLP width and, for a
-    mixture-of-experts target, the expert width; with ``plan = "auto"`` also the query and key/value heads
-    (column-wise q/k/v projections). ``"experts"`` replicates attention and needs experts to split."""
+    """What a group's TP plan splits ``target_tp`` ways must divide by it: the config fields the target family's
+    plan splits (``families``: for Qwen3 / Llama / Gemma with ``auto`` the query and key/value heads and the
+    dense MLP and expert widths; ``"experts"`` replicates attention and needs experts to split)."""
     if target_tp <= 1:
         return []
-    keys = ["num_attention_heads", "num_key_value_heads"] if plan == "auto" else []
-    if _dense_mlp_layers(target_config):
-        keys.append("intermediate_size")
-    if _sparse_layers(target_config):
-        keys.append("moe_intermediate_size")
-    elif plan == "experts":
+    family = family_of(target_config)
+    split = family.tp_split if family is not None else heads_and_widths_split
+    keys = split(target_config, plan)
+    if plan == "experts" and not keys:
         return ["topology.target_tp_plan = 'experts' needs a mixture-of-experts target; this one has no experts"]
     sizes = {key: target_config.get(key) for key in keys if isinstance(target_config.get(key), int)}
     bad = {key: value for key, value in sizes.items() if value % target_tp}
@@ -190,6 +174,17 @@ def tensor_parallel_problems(target_config: Mapping[str, Any], target_tp: int, p
         f"topology.target_tp = {target_tp} cannot split the target's {what} over a group of {target_tp} ranks: "
         f"{listed} not a multiple of {target_tp} (target_tp values that split it: {choices})"
     ]
+
+
+def head_problems(target_config: Mapping[str, Any]) -> list[str]:
+    """The drafter's frozen head computes ``lm_head(h_final)`` and nothing after it: a target that soft-caps its
+    final logits (Gemma 2's ``final_logit_softcapping``; Gemma 3's published configs have none) would give the
+    loss another distribution than the target's."""
+    cap = target_config.get("final_logit_softcapping")
+    if cap is None:
+        return []
+    return [f"the target soft-caps its final logits (final_logit_softcapping = {cap}), which the drafter's "
+            "frozen LM head does not reproduce"]
 
 
 def read_target_config(path: str) -> Mapping[str, Any]:
@@ -222,6 +217,7 @@ def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any], uses_ma
         if size is not None and size > vocab:
             p.append(f"drafter.draft_vocab_size = {size} exceeds the target's vocabulary ({vocab})")
     p.extend(tensor_parallel_problems(target_config, cfg.topology.target_tp, cfg.topology.target_tp_plan))
+    p.extend(head_problems(target_config))
     return p
 
 

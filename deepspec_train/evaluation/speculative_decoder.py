@@ -139,6 +139,9 @@ class TargetSession:
             raise ValueError(f"target layer ids {list(layer_ids)} must lie in 0..{num_layers - 2}")
         self.layer_ids = list(layer_ids)
         self.cache = DynamicCache(config=model.config)
+        # Sliding-window layers (Gemma 3, GPT-OSS) drop keys past the window as they go, and then cannot be rolled
+        # back to the accepted prefix; recording the past makes ``crop`` exact for them.
+        self.cache.activate_past_recording()
         self.tokens: list[int] = []
         self.features: Optional[torch.Tensor] = None
         # Drafters keep this conversation's projected context keys / values here (see DraftContext.cache).

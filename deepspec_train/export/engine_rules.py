@@ -8,7 +8,10 @@ would read differently from how the drafter was trained; tests check every produ
 
 The facts per layout are its ``ServingLayout`` record's engine readers (``kinds/*_layout.py``; the facts all
 layouts share are ``kinds.engine_reading``'s); this module runs them, compares what each engine captures with the
-taps the drafter was trained on, and turns the problems into one refusal.
+taps the drafter was trained on, and turns the problems into one refusal. Before a layout's reader runs, the
+target's family record (``families``) says whether the engine's model class of that target captures features for
+the layout's drafters at all; an architecture it does not serve, or one no record covers, is named as such and the
+export is still written.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from deepspec_train.export.engine_files import STS_FILENAME
-from deepspec_train.kinds.engine_reading import ENGINES, EngineReading, ServePaths, target_facts
+from deepspec_train.kinds.engine_reading import ENGINES, EngineReading, ServePaths, architecture_unserved, target_facts
 from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
 from deepspec_train.kinds.layout_checks import TensorSpec
 
@@ -56,10 +59,14 @@ def engine_reading(
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {list(ENGINES)}")
     layout = serving_layout(layout_of_config(config))
+    target = target_facts(target_config)
+    unserved = architecture_unserved(engine, layout.capture, target)
+    if unserved is not None:
+        return EngineReading(engine, layout.name, None, unserved=unserved, by_architecture=True)
     reader = layout.engines.get(engine)
     if reader is None:
         return EngineReading(engine, layout.name, None, unserved=f"{engine} has no loader for the {layout.name} layout")
-    return reader(config, tensors, target_facts(target_config), _serve_paths(target_path, export_dir, sps_path))
+    return reader(config, tensors, target, _serve_paths(target_path, export_dir, sps_path))
 
 
 def trained_layer_ids(config: Mapping[str, Any]) -> list[int]:
@@ -98,7 +105,9 @@ def check_engines(
                 lines.append(f"{reading.engine}: does not serve this export: {reading.unserved}")
             continue
         lines += [f"{reading.engine}: {problem}" for problem in reading.problems]
-    if not explicit and not any(r.unserved is None for r in readings if r.engine in wanted):
+    # An export no engine serves for its target's architecture is still written (each engine names why).
+    refused_by_export = [r for r in readings if r.engine in wanted and r.unserved and not r.by_architecture]
+    if not explicit and refused_by_export and not any(r.unserved is None for r in readings if r.engine in wanted):
         lines.append(f"no engine among {wanted} serves this {layout_of_config(config)} export")
     if lines:
         raise EngineRuleError(lines)

@@ -53,6 +53,7 @@ from deepspec_train.kinds.layout_registry import layout_of_config, serving_layou
 from deepspec_train.kinds.layout_spec import LayoutError, WrittenDrafter
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.rope_parameters import GLOBAL_LAYER_TYPE
 from deepspec_train.target.head_weights import load_head_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -147,6 +148,9 @@ def plan_export(
     written = WrittenDrafter(module, loaded.block_size, loaded.mask_token_id, list(loaded.target_layer_ids),
                              num_anchors, temperatures, dict(target_config), str(fingerprint.get("path") or ""))
     config.update(spec.fields(written))
+    if GLOBAL_LAYER_TYPE in (config.get("rope_parameters") or {}):
+        # A target with one RoPE per attention type (Gemma 3): the drafter's layers use the global one.
+        config["rope_parameters"] = dict(module.geometry.rope_parameters)
     if loaded.target_fingerprint is not None:
         config[FINGERPRINT_FIELD] = dict(loaded.target_fingerprint)
     omitted = spec.unwritten(module)

@@ -17,7 +17,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
-from deepspec_train.target.head_weights import load_head_weights
+from deepspec_train.target.head_weights import input_embeddings, load_head_weights
 from deepspec_train.target.loading import load_target_config, resolve_dtype
 
 
@@ -37,7 +37,7 @@ def build_drafter(cfg: RecipeConfig, target: nn.Module, train_rows: Iterable[Map
     geometry = geometry_from_target_config(target.config, cfg.drafter.intermediate_size)
     counts = count_supervised_tokens(train_rows, geometry.vocab_size) if spec.needs_token_counts(cfg.drafter) else None
     drafter = build_drafter_for_geometry(cfg, geometry, counts)
-    embed = target.get_input_embeddings().weight.detach().float()
+    embed = input_embeddings(target.get_input_embeddings().weight.detach(), target.config.to_dict()).float()
     spec.load_frozen_heads(drafter, embed, target.get_output_embeddings().weight.detach().float())
     return drafter
 

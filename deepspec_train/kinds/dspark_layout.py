@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DSPARK_LABELS, MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
+from deepspec_train.families.records import BLOCK_CAPTURE
 from deepspec_train.kinds.engine_reading import (
     SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
 )
@@ -231,6 +232,7 @@ DSPARK_LAYOUT = ServingLayout(
     name=NAME,
     architecture="Qwen3DSparkModel",
     holds=holds_full_vocabulary,
+    capture=BLOCK_CAPTURE,
     from_target=(),
     copies_target_heads=True,
     carries_temperatures=True,

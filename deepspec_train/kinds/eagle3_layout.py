@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.families.records import EAGLE3_CAPTURE
 from deepspec_train.kinds.engine_reading import (
-    FIRST_ID_ONE_TARGETS,
-    PLUS_ONE_TARGETS,
     EngineReading,
     ServePaths,
     TargetFacts,
@@ -231,12 +230,11 @@ def _sglang_points(config: Mapping[str, Any], target: TargetFacts, reading: Engi
             f"no eagle_config.eagle_aux_hidden_state_layer_ids (the only field SGLang reads): it captures its "
             f"default hidden states {points}")
         return points
-    if target.architecture in PLUS_ONE_TARGETS:
-        return [i + 1 for i in ids]
-    if target.architecture in FIRST_ID_ONE_TARGETS:
-        return [i + 1 for i in ids] if ids[0] == 1 else ids
-    reading.problems.append(f"SGLang's EAGLE-3 capture rule for a {target.architecture} target is not stated here")
-    return None
+    if target.family is None:
+        reading.problems.append(f"SGLang's EAGLE-3 capture rule for a {target.architecture} target is not stated here")
+        return None
+    # SGLang's set_eagle3_layers_to_capture differs by target class (+1, +1 when the first id is 1, ...).
+    return target.family.engines["sglang"].eagle3_points(ids, target.num_layers)
 
 
 def _sglang(config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
@@ -295,6 +293,7 @@ EAGLE3_LAYOUT = ServingLayout(
     name=NAME,
     architecture="LlamaForCausalLMEagle3",
     holds=holds_any,
+    capture=EAGLE3_CAPTURE,
     from_target=_FROM_TARGET,
     copies_target_heads=False,
     carries_temperatures=False,

@@ -22,14 +22,12 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
+
+from deepspec_train.families.catalog import family_of
+from deepspec_train.families.records import TargetFamily
 
 ENGINES = ("vllm", "sglang")
-# Target architectures whose decoder-layer capture rule these readers state (the drafters here are Qwen3-only).
-# Qwen3-MoE captures like Qwen3 in both engines: vLLM's qwen3_moe.py keeps the state entering each listed layer,
-# SGLang's adds 1 to every DFlash / EAGLE-3 id before capturing "before layer id".
-PLUS_ONE_TARGETS = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2ForCausalLM", "LlamaForCausalLM")
-FIRST_ID_ONE_TARGETS = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeLiteForCausalLM")
 # vLLM's draft sampling that matches the project's evaluator (its default, "greedy", does not).
 SAMPLE_METHOD = "probabilistic"
 
@@ -47,21 +45,35 @@ class EngineReading:
     unserved: str | None = None
     serve_commands: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # True when ``unserved`` comes from the target's architecture (its family record), not from the export.
+    by_architecture: bool = False
 
 
 @dataclass(frozen=True)
 class TargetFacts:
-    """What the engines' readers need of the target's config.json."""
+    """What the engines' readers need of the target's config.json: its depth, vocabulary, architecture and the
+    record of its family (None for an architecture no family record covers)."""
 
     num_layers: int
     vocab_size: int
     architecture: str
+    family: Optional[TargetFamily] = None
 
 
 def target_facts(target_config: Mapping[str, Any]) -> TargetFacts:
     """The target facts of a target's config.json (its first ``architectures`` entry names it)."""
     archs = target_config.get("architectures") or ["(a config without architectures)"]
-    return TargetFacts(int(target_config["num_hidden_layers"]), int(target_config["vocab_size"]), str(archs[0]))
+    return TargetFacts(int(target_config["num_hidden_layers"]), int(target_config["vocab_size"]), str(archs[0]),
+                       family_of(target_config))
+
+
+def architecture_unserved(engine: str, capture: str, target: TargetFacts) -> Optional[str]:
+    """Why ``engine`` serves no drafter that needs ``capture`` for this target at all (None when it does): its
+    family's record says so, or no family record covers the architecture (the rule is then not known here)."""
+    if target.family is None:
+        return (f"its capture rule for a {target.architecture} target is not known here (no target family record): "
+                "check the engine's model class before serving")
+    return target.family.engines[engine].unserved(capture)
 
 
 @dataclass(frozen=True)
@@ -130,13 +142,6 @@ def causal_problems(config: Mapping[str, Any]) -> list[str]:
     if config.get("is_causal") or dflash.get("causal") or "sliding_attention" in (config.get("layer_types") or []):
         return ["the config makes vLLM run the drafter's layers causally (is_causal / dflash_config.causal / "
                 "sliding_attention), but the block was trained bidirectional"]
-    return []
-
-
-def unstated_capture_rule(target: TargetFacts) -> list[str]:
-    """A block drafter's ids + 1 rule is stated here for ``PLUS_ONE_TARGETS`` only."""
-    if target.architecture not in PLUS_ONE_TARGETS:
-        return [f"the capture rule for a {target.architecture} target is not stated here"]
     return []
 
 

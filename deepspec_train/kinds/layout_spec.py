@@ -74,6 +74,8 @@ class ServingLayout:
     - ``name``: the layout's name (``deepspec export --layout``); ``architecture``: its config's ``architectures``.
     - ``holds(module)``: whether the layout can hold this drafter module at all (the DeepSpec DSpark layout, for
       example, has no draft vocabulary); a kind exports by default to the first of its layouts that holds it.
+    - ``capture``: how an engine must capture target features for this layout's drafters (``families.records``:
+      the block drafters' capture or EAGLE-3's); a target family whose model class lacks it is not served.
     - ``from_target``: drafter tensors the layout does not store because the engine uses the target's own (the
       loader fills them from the target); ``copies_target_heads``: the layout stores copies of the target's
       embedding / LM head, which the exporter refreshes from the target checkpoint so that they equal it.
@@ -99,6 +101,7 @@ class ServingLayout:
     name: str
     architecture: str
     holds: "Callable[[nn.Module], bool]"
+    capture: str
     from_target: tuple[str, ...]
     copies_target_heads: bool
     carries_temperatures: bool

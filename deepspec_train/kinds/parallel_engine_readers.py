@@ -20,7 +20,6 @@ from deepspec_train.kinds.engine_reading import (
     causal_problems,
     config_ids,
     draft_vocab_problems,
-    unstated_capture_rule,
     vllm_capture_points,
 )
 from deepspec_train.kinds.layout_spec import EngineReader
@@ -64,7 +63,6 @@ def vllm_block_reader(layout: str, serving: BlockServing) -> EngineReader:
                 reading.problems.append("no target_layer_ids: vLLM would not know which target layers to capture")
             else:
                 reading.captured_layers = captured_decoder_layers(points, target.num_layers)
-        reading.problems += unstated_capture_rule(target)
         return reading
 
     return read
@@ -88,7 +86,6 @@ def sglang_block_reader(layout: str, serving: BlockServing) -> EngineReader:
             serving.serve(reading, config, tensors, target, paths)
             if points is not None:
                 reading.captured_layers = captured_decoder_layers(points, target.num_layers)
-        reading.problems += unstated_capture_rule(target)
         return reading
 
     return read

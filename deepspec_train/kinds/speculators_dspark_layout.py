@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from deepspec_train.config.schema import VANILLA_MARKOV_HEAD
+from deepspec_train.families.records import BLOCK_CAPTURE
 from deepspec_train.kinds.dspark_layout import (
     VLLM_MARKOV_HEAD_TYPES, check_dspark_config, dspark_fields, read_dspark_config,
 )
@@ -149,6 +150,7 @@ SPECULATORS_DSPARK_LAYOUT = ServingLayout(
     name=NAME,
     architecture="DSparkSpeculator",
     holds=holds_any,
+    capture=BLOCK_CAPTURE,
     from_target=(),
     copies_target_heads=True,
     carries_temperatures=False,

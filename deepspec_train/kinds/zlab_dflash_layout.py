@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig
+from deepspec_train.families.records import BLOCK_CAPTURE
 from deepspec_train.kinds.engine_reading import (
     EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
 )
@@ -142,6 +143,7 @@ ZLAB_DFLASH_LAYOUT = ServingLayout(
     name=NAME,
     architecture="DFlashDraftModel",
     holds=holds_full_vocabulary,
+    capture=BLOCK_CAPTURE,
     from_target=_FROM_TARGET,
     copies_target_heads=False,
     carries_temperatures=False,

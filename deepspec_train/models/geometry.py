@@ -11,7 +11,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from deepspec_train.errors import UserError
 from deepspec_train.models.rope_parameters import check_rope_parameters, normalized_rope_parameters
+
+
+# What a drafter reads from any target's config (``head_dim`` defaults to hidden_size / heads).
+GEOMETRY_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
+                   "vocab_size", "num_hidden_layers", "max_position_embeddings")
+
+
+class UnsupportedTargetConfig(UserError, ValueError):
+    """A target config without a field the drafter's geometry needs (one-line message)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,12 @@ class DrafterGeometry:
 def geometry_from_target_config(hf_config: Any, intermediate_size: Optional[int] = None) -> DrafterGeometry:
     """Geometry of a drafter for the target described by ``hf_config`` (a ``Qwen3Config`` or a config.json dict
     wrapped in a namespace); refuses a RoPE type the drafter does not implement."""
+    missing = [key for key in GEOMETRY_FIELDS if getattr(hf_config, key, None) is None
+               and not (key == "intermediate_size" and intermediate_size is not None)]
+    if missing:
+        raise UnsupportedTargetConfig(
+            f"target config ({type(hf_config).__name__}) has no {', '.join(missing)}, which a drafter copies from "
+            "its target (set drafter.intermediate_size for a missing MLP width)")
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     rope = normalized_rope_parameters(hf_config)
     return DrafterGeometry(

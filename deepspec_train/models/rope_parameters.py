@@ -14,6 +14,7 @@ SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
 _REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
              "llama3": ("factor", "low_freq_factor", "high_freq_factor")}
 _ORIGINAL_LENGTH_TYPES = ("yarn", "llama3", "longrope")
+GLOBAL_LAYER_TYPE = "full_attention"
 
 
 def _get(config: Any, key: str) -> Any:
@@ -26,6 +27,10 @@ def normalized_rope_parameters(hf_config: Any) -> dict[str, Any]:
     params = _get(hf_config, "rope_parameters") or _get(hf_config, "rope_scaling") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"target config rope_parameters = {params!r} is not a dict")
+    # Gemma 3 keeps one RoPE per attention type; the drafter's layers attend globally, so they take the global
+    # layers' settings (theta 1e6 with linear scaling, not the local layers' theta 10,000).
+    if isinstance(params.get(GLOBAL_LAYER_TYPE), Mapping):
+        params = params[GLOBAL_LAYER_TYPE]
     params = dict(params)
     legacy_type = params.pop("type", None)
     params.setdefault("rope_type", legacy_type or "default")

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
+from deepspec_train.errors import UserError
+
 
 @dataclass
 class TargetStates:
@@ -21,11 +23,19 @@ class TargetStates:
     final_hidden: torch.Tensor  # [batch, seq, d]: final-norm output
 
 
+class UnsupportedTarget(UserError, ValueError):
+    """A target whose decoder transformers does not expose the way the taps need (one-line message)."""
+
+
 def decoder_of(model: PreTrainedModel) -> torch.nn.Module:
-    """The decoder stack (``model.model`` for Qwen3/Llama-style causal LMs)."""
+    """The decoder stack (``model.model`` for every causal LM of the Llama lineage: Qwen, Llama, Gemma, GPT-OSS,
+    DeepSeek, Mistral, Phi-3, OLMo-2 ...); a one-line ``UnsupportedTarget`` naming what is missing otherwise."""
     base = getattr(model, "model", None)
-    if base is None or not hasattr(base, "layers") or not hasattr(base, "norm"):
-        raise ValueError(f"{type(model).__name__}: expected a decoder with .layers and .norm (Qwen3/Llama style)")
+    missing = ["model"] if base is None else [f"model.{name}" for name in ("layers", "norm") if not hasattr(base, name)]
+    if missing:
+        raise UnsupportedTarget(
+            f"{type(model).__name__}: no {', '.join(missing)}: the drafter's taps need transformers' decoder-layer "
+            "list at model.layers and the final norm at model.norm (what lm_head consumes)")
     return base
 
 
