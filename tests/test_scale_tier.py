@@ -234,9 +234,11 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
     _check_export_fields(config, cfg)
     readings = {r.engine: r for r in check_export_dir(export_dir, target)}
     served = [engine for engine in ENGINES if readings[engine].unserved is None]
-    # SGLang's DSPARK needs a Markov head: the DSpark-label DFlash (rank 0 in the DSpark layout) is vLLM's only.
+    # SGLang's DSPARK needs a Markov head: the DSpark-label DFlash (rank 0 in the DSpark layout) is vLLM's only, and
+    # so is a DSpark over a reduced draft vocabulary (the speculators layout).
     rank_zero_dspark = layout_of_config(config) == "dspark" and config["markov_rank"] == 0
-    assert served == (["vllm"] if rank_zero_dspark else list(ENGINES))
+    vllm_only = rank_zero_dspark or layout_of_config(config) == "speculators-dspark"
+    assert served == (["vllm"] if vllm_only else list(ENGINES))
     real_shapes = {r.engine: r for r in production_readings(recipe)}
     for engine in ENGINES:
         reading = readings[engine]
@@ -252,11 +254,14 @@ def _check_export_fields(config: dict, cfg: RecipeConfig) -> None:
     layout = layout_of_config(config)
     target_layers = scale_target_config(SCALE_TIER[cfg.run.name]).num_hidden_layers
     assert (config["vocab_size"], config["num_target_layers"]) == (151936, target_layers)
-    if layout == "dspark":
+    if layout in ("dspark", "speculators-dspark"):
         assert (config["block_size"], config["markov_rank"], config["mask_token_id"]) == (
             cfg.drafter.block_size, cfg.drafter.markov_rank, 151669)
         assert config["enable_confidence_head"] == cfg.drafter.confidence_head
-    else:
+    if layout == "speculators-dspark":
+        assert config["draft_vocab_size"] == cfg.drafter.draft_vocab_size == 32000
+        assert config["aux_hidden_state_layer_ids"] == [k + 1 for k in cfg.target.layer_ids]
+    elif layout != "dspark":
         assert layout == "eagle3" and config["draft_vocab_size"] == cfg.drafter.draft_vocab_size == 32000
 
 

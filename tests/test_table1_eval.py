@@ -113,6 +113,8 @@ def test_one_command_compares_three_drafters_on_every_suite(world, tmp_path, mon
             ratio = table["tau"][kind]["mbpp"] / table["tau"]["eagle3"]["mbpp"]
             assert table["ratios"][kind]["mbpp"]["value"] == pytest.approx(ratio)
         assert table["draft_cost"]["eagle3"]["sequential_layer_passes"] == 4
+        # Each drafter's production counterpart is modeled from the settings its training directory records.
+        assert all(table["draft_cost"][kind]["modeled_us_h200_batch1"] > 0 for kind in ("dspark", "dflash", "eagle3"))
         assert (out / f"tau_per_suite_{tag}.png").stat().st_size > 0
     assert "## T = 0 (seeds 0; baseline eagle3)" in (out / "table1.md").read_text()
 
@@ -204,3 +206,27 @@ def test_table1_on_the_tiny_world_target_from_the_shared_datasets(tiny_world, tm
         for estimate in table["ratios"][kind].values():
             assert estimate["low"] <= estimate["high"]
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 3
+
+
+def test_modeled_draft_cost_is_the_production_counterparts() -> None:
+    """A comparison's modeled draft time per round is the serving-cost model's for the drafter's structure at
+    Qwen3-8B widths; DSpark's tiny recipe is under EAGLE-3's there (the cost rule), and a drafter whose settings
+    are unknown has none."""
+    from deepspec_train.evaluation.drafter_comparison import BenchDrafter
+    from deepspec_train.formats.drafter_loader import LoadedDrafter
+    from deepspec_train.gpu_specs import gpu_spec
+    from deepspec_train.serving_cost import production_counterpart, round_times
+    from deepspec_train.validation import load_recipe
+
+    modeled = {}
+    for recipe in ("tiny-dspark", "tiny-eagle3"):
+        cfg = load_recipe(recipe, check_target=False)
+        taps = list(cfg.target.layer_ids)
+        loaded = LoadedDrafter(torch.nn.Module(), cfg.drafter.kind, cfg.drafter.block_size, taps, None, None,
+                               cfg.drafter.labels, "training", settings=cfg.drafter)
+        modeled[recipe] = BenchDrafter(recipe, loaded, None).modeled_draft_us()
+        expected = round_times(production_counterpart(cfg.drafter, len(taps), recipe), gpu_spec("H200"), 1).draft_s
+        assert modeled[recipe] == pytest.approx(1e6 * expected, rel=1e-12)
+    assert modeled["tiny-dspark"] < modeled["tiny-eagle3"]
+    unknown = LoadedDrafter(torch.nn.Module(), "dspark", 7, [1], None, None, "dspark", "training")
+    assert BenchDrafter("x", unknown, None).modeled_draft_us() is None

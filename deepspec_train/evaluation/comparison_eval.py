@@ -89,6 +89,7 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(args.target)
     kinds = {d.name: d.loaded.kind for d in drafters}
+    modeled = {d.name: d.modeled_draft_us() for d in drafters}
     tables, plots = [], []
     for temperature in args.temperature:
         seeds = args.seed[:1] if temperature == 0 else args.seed
@@ -98,7 +99,7 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
         settings = TableSettings(baseline, temperature, tuple(seeds), tuple(s.name for s in suites),
                                  args.bootstrap_replicates)
         table = build_table1(rows, {d.name: d.block_size for d in drafters},
-                             {d.name: d.sequential_layer_passes() for d in drafters}, settings)
+                             {d.name: d.sequential_layer_passes() for d in drafters}, settings, modeled)
         tag = temperature_tag(temperature)
         for d in drafters:
             write_traces(out / "traces" / f"{d.name}_{tag}.jsonl", rows[d.name])

@@ -40,7 +40,9 @@ from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite
 from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.formats.eval_traces import TraceRound
+from deepspec_train.gpu_specs import gpu_spec
 from deepspec_train.kinds.registry import kind_spec
+from deepspec_train.serving_cost import REPORT_GPU, production_counterpart, round_times
 
 
 @dataclass
@@ -58,6 +60,15 @@ class BenchDrafter:
     @property
     def block_size(self) -> int:
         return self.drafter.max_block_size
+
+    def modeled_draft_us(self) -> Optional[float]:
+        """Modeled draft time per round of this drafter's production counterpart (``serving_cost``: its structure
+        at Qwen3-8B widths, batch 1, on an H200) in microseconds; None when its settings are not known."""
+        settings = self.loaded.settings
+        if settings is None:
+            return None
+        served = production_counterpart(settings, len(self.loaded.target_layer_ids), self.name)
+        return 1e6 * round_times(served, gpu_spec(REPORT_GPU), 1).draft_s
 
     def sequential_layer_passes(self) -> int:
         """Decoder-layer passes one after the other per drafted block (see the module docstring), as the kind

@@ -31,11 +31,14 @@ GEOMEAN = "geomean"
 
 @dataclass(frozen=True)
 class DraftCost:
-    """A drafter's cost per round: layer passes one after the other, and measured ms (CPU and wall)."""
+    """A drafter's cost per round: layer passes one after the other, measured ms (CPU and wall) and, when its
+    settings are known, the modeled draft time of its production counterpart (``serving_cost``: the same
+    structure at Qwen3-8B widths, batch 1, context 1,024, on an H200), in microseconds."""
 
     sequential_layer_passes: int
     cpu_ms: RatioEstimate
     wall_ms: RatioEstimate
+    modeled_us: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,8 @@ class Table1:
             "ratios": {d: {s: e.to_dict() for s, e in by_suite.items()} for d, by_suite in self.ratios.items()},
             "conditional_acceptance": self.acceptance,
             "draft_cost": {d: {"sequential_layer_passes": c.sequential_layer_passes, "cpu_ms": c.cpu_ms.to_dict(),
-                               "wall_ms": c.wall_ms.to_dict()} for d, c in self.cost.items()},
+                               "wall_ms": c.wall_ms.to_dict(), "modeled_us_h200_batch1": c.modeled_us}
+                           for d, c in self.cost.items()},
         }
 
 
@@ -84,9 +88,11 @@ def build_table1(
     block_sizes: dict[str, int],
     layer_passes: dict[str, int],
     settings: TableSettings,
+    modeled_us: Optional[dict[str, Optional[float]]] = None,
 ) -> Table1:
     """The table of drafters ``rows`` (name -> their rounds, every drafter on the same prompts and seeds); suites
-    in ``settings.suite_order`` come first, in that order (the command line's), any others after them."""
+    in ``settings.suite_order`` come first, in that order (the command line's), any others after them;
+    ``modeled_us``: each drafter's modeled draft time per round at production widths, where known."""
     baseline, suite_order = settings.baseline, settings.suite_order
     replicates, bootstrap_seed = settings.replicates, settings.bootstrap_seed
     if baseline not in rows:
@@ -104,7 +110,8 @@ def build_table1(
     }
     cost = {
         d: DraftCost(layer_passes[d], draft_ms_per_round(rows[d], replicates, bootstrap_seed),
-                     draft_ms_per_round(rows[d], replicates, bootstrap_seed, field="draft_seconds"))
+                     draft_ms_per_round(rows[d], replicates, bootstrap_seed, field="draft_seconds"),
+                     (modeled_us or {}).get(d))
         for d in drafters
     }
     return Table1(
@@ -145,9 +152,10 @@ def acceptance_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
 
 
 def cost_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
-    columns = ["drafter", "sequential layer passes / round", "draft CPU ms / round", "draft wall ms / round"]
-    body = [[d, str(c.sequential_layer_passes), _interval(c.cpu_ms), _interval(c.wall_ms)]
-            for d, c in table.cost.items()]
+    columns = ["drafter", "sequential layer passes / round", "draft CPU ms / round", "draft wall ms / round",
+               "modeled draft us / round (Qwen3-8B widths, H200, batch 1)"]
+    body = [[d, str(c.sequential_layer_passes), _interval(c.cpu_ms), _interval(c.wall_ms),
+             "-" if c.modeled_us is None else f"{c.modeled_us:,.0f}"] for d, c in table.cost.items()]
     return columns, body
 
 
@@ -156,5 +164,5 @@ def table1_markdown(table: Table1) -> str:
     seeds = ", ".join(str(s) for s in table.seeds)
     parts = [f"## T = {table.temperature:g} (seeds {seeds}; baseline {table.baseline})", "",
              markdown(*tau_rows(table)), "", "P(A_k | A_<k), per position:", "", markdown(*acceptance_rows(table)),
-             "", "Draft cost (measured on this machine):", "", markdown(*cost_rows(table))]
+             "", "Draft cost (measured on this machine; modeled at production widths):", "", markdown(*cost_rows(table))]
     return "\n".join(parts)

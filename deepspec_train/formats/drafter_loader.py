@@ -89,6 +89,9 @@ class LoadedDrafter:
     source: str
     # The training target's fingerprint (``target.fingerprint``), when the files recorded one.
     target_fingerprint: dict[str, Any] | None = None
+    # The drafter settings the files describe (a training directory's recipe section, or an export's config as
+    # its layout reads it); None for a drafter built in memory.
+    settings: DrafterConfig | None = None
 
     def block_drafter(self) -> "BlockDrafter":
         """The evaluator's drafting strategy for this drafter (its kind's, with its label convention)."""
@@ -200,6 +203,7 @@ def _from_training_dir(root: Path, target_path: str | None, check_target: bool) 
         labels=drafter_cfg.labels,
         source="training",
         target_fingerprint=trained.target_fingerprint,
+        settings=drafter_cfg,
     )
 
 
@@ -242,6 +246,7 @@ def _from_export_dir(root: Path, target_path: str | None, check_target: bool) ->
         labels=drafter_cfg.labels,
         source=layout.name,
         target_fingerprint=fingerprint,
+        settings=drafter_cfg,
     )
 
 

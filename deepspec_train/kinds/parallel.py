@@ -66,10 +66,16 @@ def _needs_token_counts(drafter_cfg: DrafterConfig) -> bool:
 
 def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
            token_counts: Optional[torch.Tensor]) -> nn.Module:
+    import torch
+
     from deepspec_train.models.draft_vocab import build_draft_vocab
     from deepspec_train.models.parallel_drafter import ParallelDrafter
 
-    vocab = None if token_counts is None else build_draft_vocab(token_counts, drafter_cfg.draft_vocab_size)
+    vocab = None
+    if drafter_cfg.draft_vocab_size is not None:
+        # Training passes the data's counts; a shape-only build (sizing, export plans) takes the first ids.
+        counts = token_counts if token_counts is not None else torch.ones(geometry.vocab_size, dtype=torch.long)
+        vocab = build_draft_vocab(counts, drafter_cfg.draft_vocab_size)
     return ParallelDrafter(geometry, drafter_cfg, layer_ids, vocab)
 
 
