@@ -28,5 +28,9 @@ def test_three_random_kills_resume_to_the_uninterrupted_result(streaming_world, 
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "soak" / "soak.json").read_text())
-    assert report["faults"] == 3 and report["losses_equal"] and report["weight_bytes_differing"] == 0, report
+    assert report["losses_equal"] and report["weight_bytes_differing"] == 0, report
+    # Three faults, unless a SIGTERM landed after the target workers had sent their last step and the run
+    # completed (then the schedule ends there; see bench/kill_resume_soak.py).
+    completed_early = report["rows"][-1]["exit_codes"] == [0] * 4
+    assert report["faults"] == 3 or (completed_early and report["rows"][-1]["signal"] == "SIGTERM"), report
     assert all(row["exit_codes"] == row["expected_codes"] for row in report["rows"]), report
