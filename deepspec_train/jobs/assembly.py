@@ -75,7 +75,8 @@ def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
     """Tokenised ``train`` and (when named) ``validation`` datasets, cached on disk (``data.train`` is never empty:
     ``config.rules`` refuses that recipe)."""
     renderer = ConversationRenderer(
-        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking}
+        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking},
+        cfg.data.supervise_reasoning,
     )
     datasets = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
