@@ -99,6 +99,7 @@ def tokenizers(tmp_path_factory) -> dict:
 def test_masks_match_the_brute_force_reference(tokenizers, kind: str, form: str, supervise_reasoning: bool) -> None:
     tokenizer = tokenizers[kind]
     pieces = harmony_pieces() if kind == "harmony" else chatml_pieces()
+    # The harmony copy reads `thinking`, as GPT-OSS's template does; transformers fills it from `reasoning_content`.
     messages = normalize_conversation(row(form), "rows.jsonl:1")
     got = render_with_loss_mask(tokenizer, messages, supervise_reasoning=supervise_reasoning)
     assert got == brute_force(tokenizer, pieces, supervise_reasoning)

@@ -22,7 +22,9 @@ analysis message and the final channel's header after it): they exist only becau
 the answer is found by rendering too: the turn is rendered with two one-character answers that differ, and the
 first character where those renderings differ is where the template writes the answer; everything before it
 must render as in the real turn, or the row is a template mismatch. A template that ignores the reasoning field
-would drop the reasoning from the text; such a row is ``BadRow("reasoning_not_rendered")``.
+would drop the reasoning from the text; such a row is ``BadRow("reasoning_not_rendered")``. Templates read the
+reasoning under different names (Qwen3's ``reasoning_content``, GPT-OSS's ``thinking``); transformers'
+``apply_chat_template`` hands a message's ``reasoning_content`` to the template under each of them.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def assistant_char_spans(
         _require_prefix(through_turn, full_text, f"messages[:{index + 1}]", "the whole conversation")
         start, end = len(prompt), len(through_turn.rstrip())
         if message.get(REASONING_FIELD):
-            _require_reasoning_rendered(tokenizer, messages, index, through_turn, chat_template_kwargs)
+            _require_reasoning_rendered(tokenizer, messages[:index], message, through_turn, chat_template_kwargs)
         if REASONING_FIELD in message and not supervise_reasoning:
             start = max(start, _answer_start(tokenizer, messages, index, through_turn, chat_template_kwargs))
         if end > start:
@@ -85,13 +87,15 @@ def assistant_char_spans(
 
 
 def _require_reasoning_rendered(
-    tokenizer: Any, messages: list[Message], index: int, through_turn: str, chat_template_kwargs: dict | None
+    tokenizer: Any, earlier: list[Message], message: Message, through_turn: str, chat_template_kwargs: dict | None
 ) -> None:
-    without = {key: value for key, value in messages[index].items() if key != REASONING_FIELD}
-    if render_text(tokenizer, [*messages[:index], without], False, chat_template_kwargs) == through_turn:
+    """Raise ``BadRow("reasoning_not_rendered")`` when ``earlier`` + ``message`` without its reasoning renders as
+    ``through_turn`` does with it."""
+    without = {key: value for key, value in message.items() if key != REASONING_FIELD}
+    if render_text(tokenizer, [*earlier, without], False, chat_template_kwargs) == through_turn:
         raise BadRow(
             "reasoning_not_rendered",
-            detail=f"the chat template renders messages[{index}] the same without its {REASONING_FIELD!r}",
+            detail=f"the chat template renders messages[{len(earlier)}] the same without its reasoning",
         )
 
 

@@ -18,7 +18,8 @@ The chat templates are written here (not copied) from the rendered formats:
   <end_of_turn>\\n``; generation prompt ``<start_of_turn>model\\n``.
 - GPT-OSS harmony: the default system message (``Reasoning: medium``, valid channels), the recipe's system
   prompt as the developer message, ``<|start|>user<|message|>...<|end|>``; an assistant message is its reasoning
-  (the normalised ``reasoning_content`` field) as an analysis message
+  (``thinking``, the field the real template reads; transformers' ``apply_chat_template`` fills it from the
+  normalised ``reasoning_content``) as an analysis message
   ``<|start|>assistant<|channel|>analysis<|message|>...<|end|>`` when it has one, then its answer as the final
   message ``<|start|>assistant<|channel|>final<|message|>...<|return|>``; generation prompt ``<|start|>assistant``.
   The real template renders a training row's last assistant turn exactly so (analysis, final, ``<|return|>``, the
@@ -111,8 +112,8 @@ _HARMONY_TEMPLATE = (
     "{{- '<|start|>developer<|message|># Instructions\\n\\n' ~ m['content'] ~ '<|end|>' -}}"
     "{%- elif m['role'] == 'user' -%}{{- '<|start|>user<|message|>' ~ m['content'] ~ '<|end|>' -}}"
     "{%- else -%}"
-    "{%- if m['reasoning_content'] is string -%}"
-    "{{- '<|start|>assistant<|channel|>analysis<|message|>' ~ m['reasoning_content'] ~ '<|end|>' -}}"
+    "{%- if m['thinking'] is string -%}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' ~ m['thinking'] ~ '<|end|>' -}}"
     "{%- endif -%}"
     "{{- '<|start|>assistant<|channel|>final<|message|>' ~ m['content'] ~ '<|return|>' -}}{%- endif -%}"
     "{%- endfor -%}"
