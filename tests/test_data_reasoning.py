@@ -175,7 +175,10 @@ SCRIPTED_ANSWER = "<think>Two plus three</think>It is 5."
 def test_regenerated_thinking_rows_tokenise_with_reasoning_masked_per_the_field(tmp_path: Path) -> None:
     model = save_scripted_chat_model(tmp_path / "model", "<|im_start|>assistant\n", SCRIPTED_ANSWER)
     prompts, output = tmp_path / "prompts.jsonl", tmp_path / "regenerated.jsonl"
-    prompts.write_text(json.dumps({"id": "q", "messages": [{"role": "user", "content": "What is two plus three?"}]}))
+    # The old answer, cut inside its reasoning, could not train; it is replaced, so it does not stop the row.
+    old = {"role": "assistant", "content": "<think>\nadd them and", "reasoning": None}
+    question = {"role": "user", "content": "What is two plus three?"}
+    prompts.write_text(json.dumps({"id": "q", "messages": [question, old]}))
     argv = ["--input", str(prompts), "--output", str(output), "--backend", "local", "--model", model,
             "--enable-thinking", "--temperature", "0", "--max-new-tokens", "16", "--no-progress"]
     assert cli.main(argv) == 0

@@ -4,11 +4,11 @@
 with its loss mask (``loss_mask.render_with_loss_mask``) and writes the samples as Arrow stream files under
 ``cache_dir/<key>/``, with the run's ``DataSummary`` beside them. The key hashes each source's identity (path,
 size and SHA-256 of the content of every file), the tokenizer's full serialisation (vocabulary, merges,
-specials), the chat template and its keyword arguments, ``max_length`` and whether reasoning is supervised, so a re-run with the same inputs
-memory-maps the shards without tokenising, and any change builds a new entry, also one that keeps the file's
-size and modification time. Hashing reads every input file once per run and process (``checksums``: about
-0.6 s per GB on one core with SHA extensions, ``bench/integrity_cost.py``), small next to tokenising it. The entry is written to a temporary
-directory and renamed into place, so an interrupted build never leaves a half-written cache, and concurrent
+specials), the chat template and its keyword arguments, ``max_length`` and whether reasoning is supervised, so
+a re-run with the same inputs memory-maps the shards without tokenising, and any change builds a new entry, also
+one that keeps the file's size and modification time. Hashing reads every input file once per run and process
+(``checksums``: about 0.6 s per GB on one core with SHA extensions, ``bench/integrity_cost.py``), small next to
+tokenising it. The entry is written to a temporary directory and renamed into place, so an interrupted build never leaves a half-written cache, and concurrent
 builders (several ranks) agree on one result.
 
 Rendering is pure Python (the chat template runs once per prefix), so large builds can use ``num_workers``
