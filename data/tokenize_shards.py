@@ -3,7 +3,8 @@
     PYTHONPATH=. python data/tokenize_shards.py recipe=qwen3-8b [dotted.key=value ...]
 
 Takes the same arguments as ``train.py`` and calls ``build_token_dataset`` exactly as training does (same
-sources, tokenizer, chat-template arguments, ``max_length``), so the cache entry it fills under
+sources, tokenizer, chat-template arguments, ``max_length``, ``data.supervise_reasoning``: one
+``jobs.assembly.conversation_renderer``), so the cache entry it fills under
 ``data.cache_dir`` is the one the training job then finds: training starts without tokenising. Rerunning is
 cheap (the cache is reused) and an interrupted run leaves no partial entry. (Named ``tokenize_shards`` rather
 than ``tokenize`` so that running it does not shadow the standard library's ``tokenize`` module.)
@@ -16,7 +17,7 @@ from typing import Optional
 
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.data.token_shards import ConversationRenderer, DataSummary, build_token_dataset
+from deepspec_train.data.token_shards import DataSummary, build_token_dataset
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.entry import parse_command_line
 from deepspec_train.output_paths import ensure_output_dir
@@ -24,11 +25,9 @@ from deepspec_train.output_paths import ensure_output_dir
 
 def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, DataSummary]:
     """Build (or reuse) the shard cache of every data split the recipe names; split -> summary."""
-    from deepspec_train.target.loading import load_tokenizer
+    from deepspec_train.jobs.assembly import conversation_renderer
 
-    renderer = ConversationRenderer(
-        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking}
-    )
+    renderer = conversation_renderer(cfg)
     summaries = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:

@@ -189,4 +189,6 @@ def test_module_lists_every_reason():
         "nothing_to_supervise",
         "template_mismatch",
         "too_long",
+        "malformed_reasoning",
+        "reasoning_not_rendered",
     }

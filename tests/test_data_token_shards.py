@@ -130,6 +130,9 @@ def test_cache_key_changes_with_inputs(tokenizer, mixed_file, tmp_path):
     assert base == token_shards.cache_key([str(mixed_file)], tokenizer, MAX_LENGTH, "train", None)
     assert base != token_shards.cache_key([str(mixed_file)], tokenizer, MAX_LENGTH + 1, "train", None)
     assert base != token_shards.cache_key([str(mixed_file)], tokenizer, MAX_LENGTH, "train", {"enable_thinking": False})
+    # A changed data.supervise_reasoning masks other tokens, so it must tokenise again.
+    assert base == token_shards.cache_key([str(mixed_file)], tokenizer, MAX_LENGTH, "train", None, True)
+    assert base != token_shards.cache_key([str(mixed_file)], tokenizer, MAX_LENGTH, "train", None, False)
     original = tokenizer.chat_template
     tokenizer.chat_template = original.replace("<|im_end|>\\n", "<|im_end|>")
     try:

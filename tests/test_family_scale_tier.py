@@ -3,7 +3,7 @@
 120B, DeepSeek-V3, Kimi-K2) trains on a random-weight copy of its target that keeps the published architecture
 (layer count, vocabulary, special ids, heads, RoPE, sliding windows, experts, MLA ranks) with its widths shrunk
 (``models.scale_targets``), next to a tokenizer laid out like the real one (``tests/family_tokenizers.py``: real
-special ids, the real chat format; GPT-OSS in harmony with the final channel supervised).
+special ids, the real chat format; GPT-OSS in harmony, an answer's reasoning in the analysis channel).
 
 For each recipe, as ``tests/test_scale_tier.py`` does for Qwen3: the recipe changes only in paths, sizes and step
 count; 2 steps colocated and 2 steps streamed (one target worker, one drafter worker, two real processes over

@@ -41,6 +41,10 @@ class DataConfig:
     split: str = "train"
     # Passed to the chat template (Qwen3: thinking off renders an empty <think></think> block, as in generation).
     enable_thinking: bool = False
+    # Whether an assistant turn's reasoning trace (Qwen3's <think> block, GPT-OSS's analysis channel) is in the
+    # loss: true trains the drafter on what a thinking target generates; false leaves the reasoning segment
+    # (the trace and its delimiters, up to the answer's first token) as context only (``data.loss_mask``).
+    supervise_reasoning: bool = True
     # Worker processes for tokenisation (0 = in-process).
     num_workers: int = 0
 

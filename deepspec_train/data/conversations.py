@@ -4,7 +4,13 @@ Sources: JSONL (``.jsonl``; ``.json`` holding one object per line or a single JS
 (IPC file or stream), a directory written by ``datasets.save_to_disk``, a directory of such data files, a glob
 pattern, or anything ``datasets.load_dataset`` accepts (a hub name only works where the hub is reachable).
 Rows come in OpenAI form (``messages`` / ``role`` / ``content``) or ShareGPT form (``conversations`` /
-``from`` / ``value``) and are normalised to a list of ``{"role", "content"}`` messages.
+``from`` / ``value``) and are normalised to a list of ``{"role", "content"}`` messages. An assistant turn's
+reasoning trace, given either as a separate field (``reasoning_content``, the OpenAI-compatible servers' name;
+``reasoning``, vLLM's newer one; ``thinking``, the field GPT-OSS's chat template reads) or as a
+``<think>...</think>`` block opening the content (what a Qwen3 target writes), is normalised to one form: a
+``reasoning_content`` field, with the answer after the block as ``content`` (``REASONING_FIELD``). The chat
+template puts it back where the target's format has it (ChatML: a ``<think>`` block; harmony: the analysis
+channel), and the loss mask can then tell the reasoning from the answer by rendering alone.
 
 Bad rows are reported as ``BadRow`` values carrying a reason and a ``file:line`` location, so the caller
 decides whether to count and skip them or to stop; JSON lines are decoded one by one, so a line that is not
@@ -25,7 +31,16 @@ from typing import Any
 from deepspec_train.errors import UserError
 
 Message = dict
-"""One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``."""
+"""One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``; an assistant message with a
+reasoning trace also has ``"reasoning_content": str`` (``REASONING_FIELD``)."""
+
+# The normalised message field holding an assistant turn's reasoning (absent when the turn has none; "" for an
+# empty ``<think></think>`` block, which a Qwen3 template still renders).
+REASONING_FIELD = "reasoning_content"
+# Fields a row may carry the reasoning in, first match wins: the OpenAI-compatible name, vLLM's newer name, and
+# the name transformers' GPT-OSS template reads.
+REASONING_INPUT_FIELDS = (REASONING_FIELD, "reasoning", "thinking")
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 BAD_ROW_REASONS = (
     # A JSON line whose bytes are not UTF-8 (JSON text is UTF-8 by RFC 8259).
@@ -39,6 +54,12 @@ BAD_ROW_REASONS = (
     # The chat template renders this conversation differently as a prefix than in full (e.g. an assistant turn
     # that opens with <think> while thinking is off), so its assistant span cannot be located.
     "template_mismatch",
+    # An assistant turn whose reasoning cannot be read: a <think> block that never closes (an answer cut at
+    # max_new_tokens), reasoning given both as a field and inline, or a reasoning field that is not text.
+    "malformed_reasoning",
+    # The chat template ignores the assistant turn's reasoning field, so the reasoning would silently vanish
+    # from the training text (a template made before reasoning fields, or a target without reasoning).
+    "reasoning_not_rendered",
 )
 
 ROLES = ("system", "user", "assistant")
@@ -290,7 +311,8 @@ def normalize_conversation(record: dict, where: str) -> list[Message]:
 
     OpenAI form: ``{"messages": [{"role", "content"}]}``, where ``content`` may also be a list of
     ``{"type": "text", "text"}`` parts. ShareGPT form: ``{"conversations": [{"from", "value"}]}`` with
-    ``from`` in human/user, gpt/assistant/chatgpt, system. An assistant turn with blank content is a bad row.
+    ``from`` in human/user, gpt/assistant/chatgpt, system. An assistant turn with blank content (its answer,
+    after any reasoning) is a bad row. Reasoning is normalised as the module docstring says (``split_reasoning``).
     """
     if isinstance(record.get("messages"), list):
         turns, role_key, content_key, role_names = record["messages"], "role", "content", {r: r for r in ROLES}
@@ -308,10 +330,47 @@ def normalize_conversation(record: dict, where: str) -> list[Message]:
         content = _content_text(turn[content_key])
         if content is None:
             raise BadRow("missing_field", where, f"turn {position} has non-text content")
-        if role == "assistant" and not content.strip():
-            raise BadRow("empty_assistant", where, f"turn {position}")
-        messages.append({"role": role, "content": content})
+        message = {"role": role, "content": content}
+        if role == "assistant":
+            message = _with_reasoning(turn, content, f"turn {position}", where)
+            if not message["content"].strip():
+                raise BadRow("empty_assistant", where, f"turn {position}")
+        messages.append(message)
     return messages
+
+
+def _with_reasoning(turn: dict, content: str, which: str, where: str) -> Message:
+    """The assistant message of ``turn`` in normalised form (see the module docstring)."""
+    field_name = next((name for name in REASONING_INPUT_FIELDS if turn.get(name) is not None), None)
+    inline, answer = split_reasoning(content, which, where)
+    if field_name is None:
+        reasoning = inline
+    elif inline is not None:
+        raise BadRow("malformed_reasoning", where, f"{which} gives its reasoning both as {field_name!r} and inline")
+    else:
+        reasoning = _content_text(turn[field_name])
+        if reasoning is None:
+            raise BadRow("malformed_reasoning", where, f"{which} has a non-text {field_name!r}")
+        reasoning = reasoning.strip("\n")
+    message = {"role": "assistant", "content": answer}
+    if reasoning is not None:
+        message[REASONING_FIELD] = reasoning
+    return message
+
+
+def split_reasoning(content: str, which: str = "", where: str = "") -> tuple[str | None, str]:
+    """``(reasoning, answer)`` of an assistant content that may open with a ``<think>...</think>`` block
+    (``(None, content)`` when it does not). Newlines around the reasoning and before the answer are dropped, as
+    Qwen3's template drops them before it writes the block back as ``<think>\\nR\\n</think>\\n\\nA``. A block that
+    never closes is ``BadRow("malformed_reasoning")``."""
+    opened = content.lstrip()
+    if not opened.startswith(THINK_OPEN):
+        return None, content
+    body = opened[len(THINK_OPEN) :]
+    close = body.find(THINK_CLOSE)
+    if close < 0:
+        raise BadRow("malformed_reasoning", where, f"{which} opens a {THINK_OPEN} block that never closes".strip())
+    return body[:close].strip("\n"), body[close + len(THINK_CLOSE) :].lstrip("\n")
 
 
 def _content_text(content: Any) -> str | None:

@@ -9,6 +9,22 @@ tokenised once with offsets, and a token is supervised when its first character 
 
 Everything after the turn's last non-whitespace character (the newline ChatML puts after ``<|im_end|>``) is
 template glue between turns, not generated, so it is left out of the span.
+
+Reasoning (``data.supervise_reasoning``). An assistant message with a ``reasoning_content`` field (the
+normalised form, ``conversations.REASONING_FIELD``) is rendered by the template in the target's own format. By
+default its reasoning is supervised like the rest of the turn: a drafter has to draft whatever the target
+generates, and a thinking target generates its reasoning first. With ``supervise_reasoning=False`` the turn's
+reasoning segment, from the end of the generation prompt to the first character of the answer, is left out of
+the mask (it stays in the input as context) and only the answer and the end-of-turn token are supervised. The
+segment holds the reasoning's delimiters too (ChatML: ``<think>\\n...\\n</think>\\n\\n``; harmony: the
+analysis message and the final channel's header after it): they exist only because of the reasoning, and
+``</think>`` is predicted from reasoning context, which such a drafter is not trained on. The first character of
+the answer is found by rendering too: the turn is rendered with two one-character answers that differ, and the
+first character where those renderings differ is where the template writes the answer; everything before it
+must render as in the real turn, or the row is a template mismatch. A template that ignores the reasoning field
+would drop the reasoning from the text; such a row is ``BadRow("reasoning_not_rendered")``. Templates read the
+reasoning under different names (Qwen3's ``reasoning_content``, GPT-OSS's ``thinking``); transformers'
+``apply_chat_template`` hands a message's ``reasoning_content`` to the template under each of them.
 """
 
 from __future__ import annotations
@@ -17,7 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from deepspec_train.data.conversations import BadRow, Message
+from deepspec_train.data.conversations import REASONING_FIELD, BadRow, Message
+
+# Two one-character answers whose renderings differ first where the template writes an answer's first character.
+_ANSWER_PROBES = ("A", "B")
 
 
 class TemplateNotPrefixStableError(ValueError):
@@ -34,12 +53,17 @@ def render_text(
 
 
 def assistant_char_spans(
-    tokenizer: Any, messages: list[Message], chat_template_kwargs: dict | None = None
+    tokenizer: Any,
+    messages: list[Message],
+    chat_template_kwargs: dict | None = None,
+    supervise_reasoning: bool = True,
 ) -> tuple[str, list[tuple[int, int]]]:
-    """The full rendered text and the ``[start, end)`` character span generated in each assistant turn.
+    """The full rendered text and the ``[start, end)`` character span supervised in each assistant turn: all
+    the turn generates, or with ``supervise_reasoning=False`` only what follows its reasoning segment.
 
     Raises ``TemplateNotPrefixStableError`` when the rendering of a prefix (with or without the generation
-    prompt) is not a prefix of the next rendering, since then no span can be read off the boundaries.
+    prompt) is not a prefix of the next rendering, since then no span can be read off the boundaries, and
+    ``BadRow("reasoning_not_rendered")`` when the template leaves a turn's reasoning out.
     """
     full_text = render_text(tokenizer, messages, False, chat_template_kwargs)
     spans = []
@@ -52,10 +76,47 @@ def assistant_char_spans(
             prompt, through_turn, f"messages[:{index}] with the generation prompt", f"messages[:{index + 1}]"
         )
         _require_prefix(through_turn, full_text, f"messages[:{index + 1}]", "the whole conversation")
-        end = len(through_turn.rstrip())
-        if end > len(prompt):
-            spans.append((len(prompt), end))
+        start, end = len(prompt), len(through_turn.rstrip())
+        if message.get(REASONING_FIELD):
+            _require_reasoning_rendered(tokenizer, messages[:index], message, through_turn, chat_template_kwargs)
+        if REASONING_FIELD in message and not supervise_reasoning:
+            start = max(start, _answer_start(tokenizer, messages, index, through_turn, chat_template_kwargs))
+        if end > start:
+            spans.append((start, end))
     return full_text, spans
+
+
+def _require_reasoning_rendered(
+    tokenizer: Any, earlier: list[Message], message: Message, through_turn: str, chat_template_kwargs: dict | None
+) -> None:
+    """Raise ``BadRow("reasoning_not_rendered")`` when ``earlier`` + ``message`` without its reasoning renders as
+    ``through_turn`` does with it."""
+    without = {key: value for key, value in message.items() if key != REASONING_FIELD}
+    if render_text(tokenizer, [*earlier, without], False, chat_template_kwargs) == through_turn:
+        raise BadRow(
+            "reasoning_not_rendered",
+            detail=f"the chat template renders messages[{len(earlier)}] the same without its reasoning",
+        )
+
+
+def _answer_start(
+    tokenizer: Any, messages: list[Message], index: int, through_turn: str, chat_template_kwargs: dict | None
+) -> int:
+    """Where the template writes the answer of assistant ``messages[index]`` (see the module docstring)."""
+    first, second = (
+        render_text(tokenizer, [*messages[:index], {**messages[index], "content": probe}], False, chat_template_kwargs)
+        for probe in _ANSWER_PROBES
+    )
+    start = next((i for i, (a, b) in enumerate(zip(first, second)) if a != b), None)
+    if start is None:
+        raise TemplateNotPrefixStableError(
+            f"the chat template renders messages[{index}] the same whatever its content, so its answer cannot be "
+            f"told from its reasoning"
+        )
+    _require_prefix(
+        first[:start], through_turn, f"messages[:{index + 1}] up to its answer", f"messages[:{index + 1}]"
+    )
+    return start
 
 
 def _require_prefix(prefix: str, text: str, prefix_name: str, text_name: str) -> None:
@@ -76,13 +137,15 @@ def render_with_loss_mask(
     messages: list[Message],
     max_length: int | None = None,
     chat_template_kwargs: dict | None = None,
+    supervise_reasoning: bool = True,
 ) -> tuple[list[int], list[int]]:
-    """Token ids of the rendered conversation and a 0/1 mask that is 1 on assistant-generated tokens.
+    """Token ids of the rendered conversation and a 0/1 mask that is 1 on assistant-generated tokens (without
+    the reasoning segments when ``supervise_reasoning`` is false; see the module docstring).
 
     Raises ``BadRow("too_long")`` when the ids exceed ``max_length`` (never truncates) and
     ``BadRow("nothing_to_supervise")`` when no token is supervised; the caller adds the row's location.
     """
-    full_text, spans = assistant_char_spans(tokenizer, messages, chat_template_kwargs)
+    full_text, spans = assistant_char_spans(tokenizer, messages, chat_template_kwargs, supervise_reasoning)
     encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = list(encoding["input_ids"])
     if max_length is not None and len(input_ids) > max_length:

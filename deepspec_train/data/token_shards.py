@@ -1,14 +1,14 @@
-"""Tokenise chat sources once into Arrow shards, cached by (data, tokenizer, template, max_length).
+"""Tokenise chat sources once into Arrow shards, cached by (data, tokenizer, template, max_length, reasoning).
 
 ``build_token_dataset`` reads every source (see ``conversations.iter_records``), renders each conversation
 with its loss mask (``loss_mask.render_with_loss_mask``) and writes the samples as Arrow stream files under
 ``cache_dir/<key>/``, with the run's ``DataSummary`` beside them. The key hashes each source's identity (path,
 size and SHA-256 of the content of every file), the tokenizer's full serialisation (vocabulary, merges,
-specials), the chat template and its keyword arguments, and ``max_length``, so a re-run with the same inputs
-memory-maps the shards without tokenising, and any change builds a new entry, also one that keeps the file's
-size and modification time. Hashing reads every input file once per run and process (``checksums``: about
-0.6 s per GB on one core with SHA extensions, ``bench/integrity_cost.py``), small next to tokenising it. The entry is written to a temporary
-directory and renamed into place, so an interrupted build never leaves a half-written cache, and concurrent
+specials), the chat template and its keyword arguments, ``max_length`` and whether reasoning is supervised, so
+a re-run with the same inputs memory-maps the shards without tokenising, and any change builds a new entry, also
+one that keeps the file's size and modification time. Hashing reads every input file once per run and process
+(``checksums``: about 0.6 s per GB on one core with SHA extensions, ``bench/integrity_cost.py``), small next to
+tokenising it. The entry is written to a temporary directory and renamed into place, so an interrupted build never leaves a half-written cache, and concurrent
 builders (several ranks) agree on one result.
 
 Rendering is pure Python (the chat template runs once per prefix), so large builds can use ``num_workers``
@@ -44,7 +44,8 @@ from deepspec_train.data.conversations import BadRow, iter_records, normalize_co
 from deepspec_train.data.loss_mask import TemplateNotPrefixStableError, render_with_loss_mask
 
 # Bump when the shard layout, the rendering rules or the key change, so old cache entries are not reused.
-CACHE_FORMAT_VERSION = 2
+# 3: reasoning normalised into a field (``conversations.REASONING_FIELD``) and ``supervise_reasoning`` in the key.
+CACHE_FORMAT_VERSION = 3
 SUMMARY_FILE = "summary.json"
 SHARD_ROWS = 8192
 # Rows sent to a worker process at a time: large enough to amortise pickling, small enough to balance load.
@@ -98,13 +99,16 @@ def build_token_dataset(
     """Tokenised samples with columns ``input_ids``, ``loss_mask``, ``sample_id``, ``length``, and a summary.
 
     ``sample_id`` is the sample's 0-based index in the returned dataset (stable across cache reuse).
-    ``renderer`` holds the tokenizer, ``max_length`` and the chat template's keyword arguments (e.g.
-    ``{"enable_thinking": False}``). ``num_workers > 0`` renders in that many spawned processes; the result is
+    ``renderer`` holds the tokenizer, ``max_length``, the chat template's keyword arguments (e.g.
+    ``{"enable_thinking": False}``) and whether reasoning is supervised. ``num_workers > 0`` renders in that many spawned processes; the result is
     identical to a serial build.
     """
     if not sources:
         raise ValueError("build_token_dataset: no data sources given")
-    key = cache_key(sources, renderer.tokenizer, renderer.max_length, split, renderer.chat_template_kwargs)
+    key = cache_key(
+        sources, renderer.tokenizer, renderer.max_length, split, renderer.chat_template_kwargs,
+        renderer.supervise_reasoning,
+    )
     entry = Path(os.path.expanduser(cache_dir)) / key
     from_cache = (entry / SUMMARY_FILE).is_file()
     if not from_cache:
@@ -118,7 +122,8 @@ def build_token_dataset(
 
 
 def cache_key(
-    sources: list[str], tokenizer: Any, max_length: int, split: str, chat_template_kwargs: dict | None
+    sources: list[str], tokenizer: Any, max_length: int, split: str, chat_template_kwargs: dict | None,
+    supervise_reasoning: bool = True,
 ) -> str:
     """A hex digest naming the cache entry for these inputs."""
     identity = {
@@ -128,6 +133,7 @@ def cache_key(
         "chat_template": tokenizer.chat_template,
         "chat_template_kwargs": chat_template_kwargs or {},
         "max_length": max_length,
+        "supervise_reasoning": supervise_reasoning,
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -160,13 +166,14 @@ def _tokenizer_identity(tokenizer: Any) -> str:
 
 @dataclass
 class ConversationRenderer:
-    """How conversations become samples: the tokenizer, the longest sample and the chat template's keyword
-    arguments. Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable
+    """How conversations become samples: the tokenizer, the longest sample, the chat template's keyword
+    arguments and whether reasoning segments are supervised (``loss_mask``). Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable
     (sent to the rendering processes)."""
 
     tokenizer: Any
     max_length: int
     chat_template_kwargs: dict | None
+    supervise_reasoning: bool = True
 
     def __call__(self, item: tuple[str, dict | BadRow]) -> tuple[list[int], list[int]] | BadRow:
         where, record = item
@@ -174,7 +181,9 @@ class ConversationRenderer:
             if isinstance(record, BadRow):
                 return record
             messages = normalize_conversation(record, where)
-            return render_with_loss_mask(self.tokenizer, messages, self.max_length, self.chat_template_kwargs)
+            return render_with_loss_mask(
+                self.tokenizer, messages, self.max_length, self.chat_template_kwargs, self.supervise_reasoning
+            )
         except TemplateNotPrefixStableError as error:
             return BadRow("template_mismatch", where, str(error).split(" (")[0])
         except BadRow as error:

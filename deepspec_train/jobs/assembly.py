@@ -71,12 +71,19 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
     )
 
 
+def conversation_renderer(cfg: RecipeConfig) -> ConversationRenderer:
+    """How the recipe's conversations become samples; training and ``data/tokenize_shards.py`` both use it, so
+    they name the same cache entry."""
+    return ConversationRenderer(
+        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking},
+        cfg.data.supervise_reasoning,
+    )
+
+
 def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
     """Tokenised ``train`` and (when named) ``validation`` datasets, cached on disk (``data.train`` is never empty:
     ``config.rules`` refuses that recipe)."""
-    renderer = ConversationRenderer(
-        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking}
-    )
+    renderer = conversation_renderer(cfg)
     datasets = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:

@@ -27,7 +27,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from deepspec_train.data.conversations import SHAREGPT_ROLES, BadRow, iter_records, normalize_conversation
+from deepspec_train.data.conversations import (
+    REASONING_INPUT_FIELDS, SHAREGPT_ROLES, BadRow, iter_records, normalize_conversation,
+)
 from deepspec_train.errors import UserError
 from deepspec_train.regenerate.backend import ChatBackend, GenerationError, Message
 from deepspec_train.regenerate.sampling import SamplingParams
@@ -90,19 +92,20 @@ def plan_turns(messages: list[Message], multi_turn: str) -> list[dict]:
     return plan
 
 
-def _fill_blank_answers(record: dict) -> dict:
-    """The record with blank assistant turns given placeholder text. ``normalize_conversation`` rejects blank
-    answers (a training row needs them), but every answer is regenerated here, so a prompt set may leave them
-    empty."""
+def _placeholder_answers(record: dict) -> dict:
+    """The record with its assistant turns' text replaced by a placeholder and their reasoning dropped. Every
+    answer is regenerated here, so a prompt set may leave them empty or hold answers a training row could not
+    (``normalize_conversation`` rejects blank answers and unclosed ``<think>`` blocks)."""
     for turns_key, role_key, content_key in (("messages", "role", "content"), ("conversations", "from", "value")):
         turns = record.get(turns_key)
         if not isinstance(turns, list):
             continue
         filled = []
         for turn in turns:
-            blank = isinstance(turn, dict) and isinstance(turn.get(content_key), str) and not turn[content_key].strip()
-            if blank and SHAREGPT_ROLES.get(str(turn.get(role_key)).lower()) == "assistant":
-                turn = {**turn, content_key: "(to be regenerated)"}
+            text = isinstance(turn, dict) and isinstance(turn.get(content_key), str)
+            if text and SHAREGPT_ROLES.get(str(turn.get(role_key)).lower()) == "assistant":
+                turn = {key: value for key, value in turn.items() if key not in REASONING_INPUT_FIELDS}
+                turn[content_key] = "(to be regenerated)"
             filled.append(turn)
         return {**record, turns_key: filled}
     return record
@@ -197,7 +200,7 @@ def _input_rows(
             on_skip()
             continue
         try:
-            plan = plan_turns(normalize_conversation(_fill_blank_answers(record), where), multi_turn)
+            plan = plan_turns(normalize_conversation(_placeholder_answers(record), where), multi_turn)
         except BadRow as bad:
             summary.bad_rows[bad.reason] += 1
             on_skip()

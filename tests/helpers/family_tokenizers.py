@@ -17,15 +17,23 @@ The chat templates are written here (not copied) from the rendered formats:
 - Gemma 3: ``<bos>``, the system text folded into the first user turn, ``<start_of_turn>user|model\\n ...
   <end_of_turn>\\n``; generation prompt ``<start_of_turn>model\\n``.
 - GPT-OSS harmony: the default system message (``Reasoning: medium``, valid channels), the recipe's system
-  prompt as the developer message, ``<|start|>user<|message|>...<|end|>`` and assistant turns
-  ``<|start|>assistant<|channel|>final<|message|>...<|end|>``; generation prompt ``<|start|>assistant``. The loss
-  mask therefore supervises what the target writes after ``<|start|>assistant``: the ``<|channel|>final
-  <|message|>`` header, the final-channel text and ``<|end|>``. The analysis channel is not supervised: the data
-  rows carry only ``role`` / ``content`` (the regenerated answer's final channel), and the real template drops
-  earlier turns' analysis, so it could not be located by message boundaries either. A drafter trained so has not
-  seen reasoning text; at serving time the target's analysis tokens are drafted with what it learned from final
-  text. Every assistant turn ends with ``<|end|>`` here; the real template ends the conversation's last answer
-  with ``<|return|>`` (what the target emits when it stops), which breaks prefix stability for multi-turn rows.
+  prompt as the developer message, ``<|start|>user<|message|>...<|end|>``; an assistant message is its reasoning
+  (``thinking``, the field the real template reads; transformers' ``apply_chat_template`` fills it from the
+  normalised ``reasoning_content``) as an analysis message
+  ``<|start|>assistant<|channel|>analysis<|message|>...<|end|>`` when it has one, then its answer as the final
+  message ``<|start|>assistant<|channel|>final<|message|>...<|return|>``; generation prompt ``<|start|>assistant``.
+  The real template renders a training row's last assistant turn exactly so (analysis, final, ``<|return|>``, the
+  token the target stops on), but renders earlier turns without their analysis and ending in ``<|end|>``, as the
+  conversation's history reads at inference. That is not prefix-stable (``messages[:i+1]`` would render turn
+  ``i`` as a last turn, the whole row as an earlier one), so this copy renders every assistant turn as the last one
+  is rendered: a single-turn row reads as with the real template, and a multi-turn row keeps its earlier analyses
+  and ``<|return|>`` tokens in the context of later turns (which the target saw without them). The loss mask
+  supervises what the target writes after ``<|start|>assistant``: with reasoning supervised (the default) the
+  ``<|channel|>analysis<|message|>`` header, the analysis text, its ``<|end|>``, the
+  ``<|start|>assistant<|channel|>final<|message|>`` header, the final text and ``<|return|>``; with
+  ``data.supervise_reasoning: false`` the turn's reasoning segment (everything before the final text) is context
+  and only the final text and ``<|return|>`` are supervised. A turn without reasoning supervises
+  ``<|channel|>final<|message|>``, the final text and ``<|return|>``.
 - DeepSeek-V3: ``<｜begin▁of▁sentence｜>`` + system text, ``<｜User｜>...``, ``<｜Assistant｜>...<｜end▁of▁sentence｜>``.
 - Kimi-K2: ``<|im_system|>system<|im_middle|>...<|im_end|>`` (Kimi's default system prompt when none is given),
   ``<|im_user|>user<|im_middle|>``, ``<|im_assistant|>assistant<|im_middle|>...<|im_end|>``.
@@ -90,15 +98,24 @@ _GEMMA3_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}"
 )
 
+# The default system message the harmony template opens with (its date fixed: the real one writes today's).
+HARMONY_SYSTEM_MESSAGE = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: "
+    "2024-06\nCurrent date: 2025-06-28\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. "
+    "Channel must be included for every message.<|end|>"
+)
+
 _HARMONY_TEMPLATE = (
-    "{{- '<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\\n"
-    "Knowledge cutoff: 2024-06\\nCurrent date: 2025-06-28\\n\\nReasoning: medium\\n\\n"
-    "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>' -}}"
+    "{{- " + json.dumps(HARMONY_SYSTEM_MESSAGE) + " -}}"
     "{%- for m in messages -%}"
     "{%- if m['role'] == 'system' -%}"
     "{{- '<|start|>developer<|message|># Instructions\\n\\n' ~ m['content'] ~ '<|end|>' -}}"
     "{%- elif m['role'] == 'user' -%}{{- '<|start|>user<|message|>' ~ m['content'] ~ '<|end|>' -}}"
-    "{%- else -%}{{- '<|start|>assistant<|channel|>final<|message|>' ~ m['content'] ~ '<|end|>' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{%- if m['thinking'] is string -%}"
+    "{{- '<|start|>assistant<|channel|>analysis<|message|>' ~ m['thinking'] ~ '<|end|>' -}}"
+    "{%- endif -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' ~ m['content'] ~ '<|return|>' -}}{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
 )
