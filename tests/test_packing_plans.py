@@ -10,7 +10,8 @@ import math
 import torch
 
 from deepspec_train.config.schema import PACKING_ORDER_NAMES, AnchorConfig
-from deepspec_train.packing.anchors import anchor_count, anchor_rate_problems, sample_anchors, valid_anchor_positions
+from deepspec_train.packing.anchor_counts import anchor_count, anchor_rate_problems
+from deepspec_train.packing.anchors import sample_anchors, valid_anchor_positions
 from deepspec_train.packing.packer import build_packed_batch, plan_micro_batches, split_anchors
 from deepspec_train.packing.plans import FIRST_FIT, IN_ORDER, PACKING_ORDERS, first_fit_decreasing, plan_first_fit
 from deepspec_train.steps.chunk_builder import ChunkBuilder
