@@ -1,5 +1,6 @@
 """The one validation of a training recipe: its types (``config.loader``), the rules of ``config.rules``, the
-drafter kind's own rules (``kinds``) and, when asked, the rules that need the target's ``config.json``.
+anchor rate's (``packing.anchor_counts``), the drafter kind's own rules (``kinds``) and, when asked,
+the rules that need the target's ``config.json``.
 
 It sits above both ``config`` and ``kinds`` so that neither imports the other's rules: the kind records import
 the config schema, and the schema knows nothing of kinds. Every entry point loads recipes through
@@ -12,12 +13,18 @@ from deepspec_train.config.loader import ConfigError, read_recipe
 from deepspec_train.config.rules import read_target_config, recipe_problems, target_problems
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.kinds.registry import kind_spec
+from deepspec_train.packing.anchor_counts import anchor_rate_problems
 
 
 def recipe_and_kind_problems(cfg: RecipeConfig) -> list[str]:
-    """The rules that need the recipe only: ``config.rules`` first, then the drafter kind's (once the kind's
-    name itself is known to be valid, which the schema's types guarantee)."""
-    return recipe_problems(cfg) + kind_spec(cfg.drafter.kind).recipe_problems(cfg)
+    """The rules that need the recipe only: ``config.rules`` first, the anchor rate's
+    (``packing.anchor_counts``), then the drafter kind's (once the kind's name itself is known to be valid, which
+    the schema's types guarantee)."""
+    return (
+        recipe_problems(cfg)
+        + anchor_rate_problems(cfg.anchors, cfg.data.max_length)
+        + kind_spec(cfg.drafter.kind).recipe_problems(cfg)
+    )
 
 
 def load_recipe(name_or_path: str, overrides: list[str] | None = None, check_target: bool = True) -> RecipeConfig:

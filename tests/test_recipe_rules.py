@@ -101,6 +101,11 @@ RECIPE_RULES = [
     ("tiny-dspark", "drafter.markov_head_type=lstm", "'drafter.markov_head_type' = 'lstm' is not one of 'vanilla', 'gated', 'rnn'"),
     ("tiny-dspark", "loss.normalizer=batch", "'loss.normalizer' = 'batch' is not one of 'token', 'sequence'"),
     ("tiny-dspark", "loss.distance=l2", "'loss.distance' = 'l2' is not one of 'tv', 'l1'"),
+    ("tiny-dspark", "anchors.per_1k_tokens=0", "anchors.per_1k_tokens = 0.0 must be in (0, 1024]"),
+    ("tiny-dspark", "anchors.per_1k_tokens=2048", "anchors.per_1k_tokens = 2048.0 must be in (0, 1024]"),
+    # 8 per 1K at 511 valid positions is 4 anchors, under the floor of 32.
+    ("tiny-dspark", "anchors.per_1k_tokens=8", "anchors.per_1k_tokens = 8 never adds an anchor: at data.max_length = 512"),
+    ("tiny-dspark", "anchors.packing=best_fit", "'anchors.packing' = 'best_fit' is not one of 'in_order', 'first_fit'"),
 ]
 
 

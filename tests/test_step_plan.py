@@ -6,7 +6,6 @@ uninterrupted one."""
 from __future__ import annotations
 
 import itertools
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.steps.chunk_plan import PackingSpec, anchor_generator
 from deepspec_train.steps.plan import StepPlan, data_state, next_step_of, step_position
 from deepspec_train.training.feature_source import InProcessFeatureSource, StepBatches
+from tests.helpers.fake_tap import FakeTap
 
 PACKING = PackingSpec(block_size=4, num_anchors=3, token_budget=48, mask_token_id=99, chunk_sequences=2)
 
@@ -80,7 +80,7 @@ def test_positions_and_checkpoint_states_follow_a_step_by_step_walk() -> None:
 
 def test_chunk_plans_cover_the_anchors_and_count_the_built_labels() -> None:
     plan = _plans(13, 5, 2, True)[1]
-    builder = ChunkBuilder(_FakeTap(), PACKING, "cpu")
+    builder = ChunkBuilder(FakeTap(), PACKING, "cpu")
     for step in (0, 1, 2, 5):
         chunks = plan.chunks(step)
         rows = [row for chunk in chunks for row in chunk.rows]
@@ -105,23 +105,13 @@ def test_chunk_plans_cover_the_anchors_and_count_the_built_labels() -> None:
             [[g.anchors.tolist() for gs in c.groups for g in gs] for c in chunks]
 
 
-class _FakeTap:
-    """Stands in for a tapped target: features that depend on the token and its position only."""
-
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> SimpleNamespace:
-        positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
-        base = (input_ids * 100 + positions).float().unsqueeze(-1)
-        return SimpleNamespace(ctx_features=base.expand(-1, -1, 6) + torch.arange(6.0),
-                               final_hidden=base.expand(-1, -1, 3))
-
-
 def _flat(step: StepBatches) -> list[dict[str, torch.Tensor]]:
     return [batch.tensors() for batch in step.batches]
 
 
 def test_a_resumed_source_yields_the_uninterrupted_batches() -> None:
     plan = _plans(10, 3, 2, True)[0]
-    builder = ChunkBuilder(_FakeTap(), PACKING, "cpu")
+    builder = ChunkBuilder(FakeTap(), PACKING, "cpu")
     uninterrupted = [_flat(step) for step in itertools.islice(InProcessFeatureSource(plan, builder), 8)]
     for stop in (1, 3, 6):
         first = InProcessFeatureSource(plan, builder)

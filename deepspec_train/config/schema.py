@@ -60,6 +60,9 @@ VANILLA_MARKOV_HEAD = MARKOV_HEAD_TYPES[0]
 LabelConvention = Literal["dspark", "zlab"]
 LABEL_CONVENTIONS: tuple[str, ...] = get_args(LabelConvention)
 DSPARK_LABELS, ZLAB_LABELS = LABEL_CONVENTIONS
+# How a chunk's block groups are assigned to micro-batches (``packing.plans``: one record per name).
+PackingOrderName = Literal["in_order", "first_fit"]
+PACKING_ORDER_NAMES: tuple[str, ...] = get_args(PackingOrderName)
 
 
 @dataclass
@@ -98,9 +101,18 @@ class DrafterConfig:
 
 @dataclass
 class AnchorConfig:
+    # Anchors per sequence (all of its valid anchor positions when it has fewer). With ``per_1k_tokens`` set, the
+    # floor: a sequence gets the larger of the two counts.
     num_per_sequence: int = 512
+    # None, or anchors per 1,024 valid anchor positions (supervised tokens whose successor is supervised too): a
+    # sequence with ``n`` of them gets ``max(min(num_per_sequence, n), round(per_1k_tokens * n / 1024))`` anchors,
+    # at most ``n``. 128 keeps DeepSpec's 512-at-4,096 density for long sequences (``packing.anchors``).
+    per_1k_tokens: Optional[float] = None
     # Context rows plus block tokens per packed micro-batch.
     token_budget: int = 16384
+    # How a chunk's block groups fill micro-batches: "in_order" (greedy in input order, the historical plan) or
+    # "first_fit" (first fit by decreasing cost, never more micro-batches than "in_order"; ``packing.plans``).
+    packing: PackingOrderName = "in_order"
 
 
 @dataclass

@@ -31,6 +31,7 @@ from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.console import get_logger
 from deepspec_train.metrics.sinks import make_sink
 from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.packing.plans import packing_order
 from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.steps.chunk_plan import PackingSpec
 from deepspec_train.steps.plan import StepPlan
@@ -41,6 +42,7 @@ from deepspec_train.jobs.run_directory import set_aside_metrics_after
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
+from deepspec_train.training.feature_dtypes import feature_dtypes
 from deepspec_train.training.feature_source import FeatureSource
 from deepspec_train.training.preemption import Preempted
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
@@ -68,6 +70,8 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
         mask_token_id=cfg.drafter.mask_token_id,
         chunk_sequences=cfg.train.micro_batch_sequences,
         label_convention=cfg.drafter.labels,
+        anchors_per_1k_tokens=cfg.anchors.per_1k_tokens,
+        order=packing_order(cfg.anchors.packing),
     )
 
 
@@ -102,7 +106,9 @@ def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
 
 
 def chunk_builder(cfg: RecipeConfig, tap: TargetTap, device: torch.device) -> ChunkBuilder:
-    return ChunkBuilder(tap, packing_spec(cfg), device)
+    """The builder of ``cfg``'s micro-batches on ``device``, features in the drafter's compute dtype where that
+    changes nothing (``training.feature_dtypes``)."""
+    return ChunkBuilder(tap, packing_spec(cfg), device, feature_dtypes(cfg, device))
 
 
 def train_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:

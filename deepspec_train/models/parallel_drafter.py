@@ -322,7 +322,7 @@ class ParallelDrafter(nn.Module):
         """Final-normed slot states ``[Nb, B, d]`` of every block in ``batch``."""
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block size {batch.block_size} != drafter block size {self.block_size}")
-        mask = flex_block_mask(batch, compile=compiled) if attention == "flex" else dense_mask(batch)
+        mask = flex_block_mask(batch) if attention == "flex" else dense_mask(batch)
         rotary = self._rotary(batch)
         x = self.embed_tokens(batch.block_input.reshape(1, -1))
         ctx = self.hidden_norm(self.fc(batch.ctx_features.to(self.fc.weight.dtype))).unsqueeze(0)

@@ -1,8 +1,11 @@
 """Anchor sampling and block labels.
 
 An anchor ``a`` is valid where ``loss_mask[a]`` and ``loss_mask[a+1]`` hold (the anchor token and at least
-one token to predict sit in the supervised span). Each sequence trains on up to ``num_anchors`` anchors drawn
-without replacement. For each anchor the block's labels follow one of two conventions:
+one token to predict sit in the supervised span). Each sequence trains on ``anchor_count`` of its valid positions,
+drawn without replacement: ``num_anchors`` (all of them when it has fewer) or, with a rate ``per_1k_tokens``,
+the larger of that and ``round(per_1k_tokens * valid / 1024)``, never more than ``valid`` (``anchor_counts``).
+
+For each anchor the block's labels follow one of two conventions:
 
 - ``"dspark"``: slot ``k`` predicts ``x[a+k+1]``; its target distribution comes from the target state at
   ``a+k``. Supervised iff ``loss_mask[a+1 .. a+k+1]`` all hold and ``a+k+1 < L``.
@@ -20,6 +23,7 @@ from typing import Optional
 import torch
 
 from deepspec_train.config.schema import DSPARK_LABELS, LABEL_CONVENTIONS, ZLAB_LABELS, LabelConvention
+from deepspec_train.packing.anchor_counts import anchor_count
 from deepspec_train.packing.batch import IGNORE_INDEX
 
 
@@ -30,16 +34,20 @@ def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sample_anchors(
-    loss_mask: torch.Tensor, num_anchors: int, generator: Optional[torch.Generator] = None
+    loss_mask: torch.Tensor,
+    num_anchors: int,
+    generator: Optional[torch.Generator] = None,
+    per_1k_tokens: Optional[float] = None,
 ) -> torch.Tensor:
-    """Up to ``num_anchors`` valid anchors drawn without replacement, sorted ascending.
+    """``anchor_count`` valid anchors drawn without replacement, sorted ascending.
 
-    Sequences with fewer valid positions contribute all of them.
+    Sequences with no more valid positions than that contribute all of them.
     """
     valid = valid_anchor_positions(loss_mask)
-    if valid.numel() <= num_anchors:
+    count = anchor_count(valid.numel(), num_anchors, per_1k_tokens)
+    if valid.numel() <= count:
         return valid
-    pick = torch.randperm(valid.numel(), generator=generator)[:num_anchors]
+    pick = torch.randperm(valid.numel(), generator=generator)[:count]
     return valid[pick].sort().values
 
 

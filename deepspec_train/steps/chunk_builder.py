@@ -1,12 +1,16 @@
 """The chunk builder: runs the frozen target over a planned chunk and packs its micro-batches as planned.
 
 The one place where sequences become ``PackedBatch`` inputs: the colocated source builds its own steps with it,
-a target worker builds the steps of every drafter it feeds, so both modes produce the same tensors.
+a target worker builds the steps of every drafter it feeds, so both modes produce the same tensors. The target
+features are packed in ``FeatureDtypes`` (the run decides them: ``training.feature_dtypes``), so a streamed run
+sends them in the dtype the drafter computes in, not wider.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable, Optional
 
 import torch
 
@@ -37,13 +41,33 @@ def run_target(
     ]
 
 
-class ChunkBuilder:
-    """Builds planned chunks with one tapped target on ``device``."""
+@dataclass(frozen=True)
+class FeatureDtypes:
+    """The dtypes a packed batch's target features are cast to when narrower than the target's (None: kept as
+    the target produced them): ``ctx_features`` (the tapped layers) and ``target_hidden`` (final-norm states)."""
 
-    def __init__(self, tap: TargetTap, packing: PackingSpec, device: torch.device | str):
+    ctx_features: Optional[torch.dtype] = None
+    target_hidden: Optional[torch.dtype] = None
+
+    def apply(self, batch: PackedBatch) -> PackedBatch:
+        """``batch`` with each feature cast to its dtype where that has fewer bytes per value."""
+        cast = {}
+        for name in ("ctx_features", "target_hidden"):
+            dtype, tensor = getattr(self, name), getattr(batch, name)
+            if dtype is not None and torch.empty(0, dtype=dtype).element_size() < tensor.element_size():
+                cast[name] = tensor.to(dtype)
+        return dataclasses.replace(batch, **cast) if cast else batch
+
+
+class ChunkBuilder:
+    """Builds planned chunks with one tapped target on ``device``, features in ``feature_dtypes``."""
+
+    def __init__(self, tap: TargetTap, packing: PackingSpec, device: torch.device | str,
+                 feature_dtypes: FeatureDtypes = FeatureDtypes()):
         self.tap = tap
         self.packing = packing
         self.device = torch.device(device)
+        self.feature_dtypes = feature_dtypes
 
     def build(self, chunk: ChunkPlan) -> list[PackedBatch]:
         """Run the target over the chunk's rows and pack its micro-batches as planned."""
@@ -55,8 +79,10 @@ class ChunkBuilder:
             for row, seq_ids, (ctx, final) in zip(chunk.rows, ids, states)
         ]
         return [
-            build_packed_batch(items, groups, spec.block_size, spec.mask_token_id, spec.label_convention)
-            .to(self.device)
+            self.feature_dtypes.apply(
+                build_packed_batch(items, groups, spec.block_size, spec.mask_token_id, spec.label_convention)
+                .to(self.device)
+            )
             for groups in chunk.groups
         ]
 

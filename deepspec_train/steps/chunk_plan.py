@@ -10,18 +10,21 @@ sequence's supervised rows per block slot, which a step announces before its fir
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 
 from deepspec_train.packing.anchors import LabelConvention, sample_anchors
-from deepspec_train.packing.packer import BlockGroup, plan_micro_batches, supervised_per_slot
+from deepspec_train.packing.packer import BlockGroup, supervised_per_slot
+from deepspec_train.packing.plans import IN_ORDER, PackingOrder
 
 
 @dataclass(frozen=True)
 class PackingSpec:
-    """How sequences become micro-batches: anchors per sequence, block size, the token budget of one
-    micro-batch, the mask token, the label convention, and how many sequences one target forward takes."""
+    """How sequences become micro-batches: anchors per sequence (``num_anchors``, the floor of a rate
+    ``anchors_per_1k_tokens`` when one is set: ``packing.anchors.anchor_count``), block size, the token budget of
+    one micro-batch, the mask token, the label convention, how many sequences one target forward takes, and the
+    order in which a chunk's block groups fill its micro-batches."""
 
     block_size: int
     num_anchors: int
@@ -29,6 +32,8 @@ class PackingSpec:
     mask_token_id: int
     chunk_sequences: int
     label_convention: LabelConvention = "dspark"
+    anchors_per_1k_tokens: Optional[float] = None
+    order: PackingOrder = IN_ORDER
 
 
 @dataclass
@@ -65,10 +70,11 @@ def plan_chunks(rows: Sequence[dict], packing: PackingSpec, seed: int, epoch: in
     for start in range(0, len(rows), packing.chunk_sequences):
         chunk_rows = list(rows[start : start + packing.chunk_sequences])
         anchors = [
-            sample_anchors(loss_mask_of(row), packing.num_anchors, anchor_generator(seed, epoch, int(row["sample_id"])))
+            sample_anchors(loss_mask_of(row), packing.num_anchors, anchor_generator(seed, epoch, int(row["sample_id"])),
+                           packing.anchors_per_1k_tokens)
             for row in chunk_rows
         ]
-        groups = plan_micro_batches(anchors, packing.block_size, packing.token_budget)
+        groups = packing.order.plan(anchors, packing.block_size, packing.token_budget, None)
         supervised, slot_counts = [], {}
         for batch_groups in groups:
             total = 0

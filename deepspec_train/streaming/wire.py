@@ -22,19 +22,23 @@ Every message is:
 
 Transfers use ``torch.distributed`` point-to-point ops (gloo on CPU, NCCL on GPU, so buffers live on the
 process's device) and wait with a deadline (``watchdog.wait_for``) so that a dead peer is an error, not a hang.
-The same module carries the start-up exchange: the ``StreamPlan`` a target worker announces to each drafter it
+``planned_message_bytes`` gives a micro-batch message's bytes from its packing plan alone (before any target runs;
+equal to ``message_bytes`` of the built message, tested), for sizing the wire at long sequences. The same module
+carries the start-up exchange: the ``StreamPlan`` a target worker announces to each drafter it
 feeds (``send_plan`` / ``recv_plan``) and the small control vectors around it (``send_ints`` / ``recv_ints``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.packing.packer import BlockGroup
+from deepspec_train.steps.chunk_plan import ChunkPlan
 from deepspec_train.streaming.watchdog import PeerFailure, wait_for
 
 MAGIC = 0x5D5B_A7C4
@@ -149,7 +153,43 @@ def message_bytes(message: StreamMessage) -> int:
     layout = len(message.batches) * NUM_FIELDS * 4 if message.batches else 0
     table = 0 if message.slot_table is None else message.slot_table.numel()
     tensors = sum(_nbytes(t) for batch in message.batches for t in batch.tensors().values())
-    return 8 * (HEADER_LEN + table + layout) + tensors
+    return INT64_BYTES * (HEADER_LEN + table + layout) + tensors
+
+
+INT64_BYTES = 8
+
+
+@dataclass(frozen=True)
+class FeatureLayout:
+    """What sizes a batch's features: ``ctx_features [Nc, taps * hidden]`` at ``ctx_bytes`` per value and
+    ``target_hidden [Ns, hidden]`` at ``hidden_bytes`` per value (the dtypes they cross the wire in)."""
+
+    taps: int
+    hidden: int
+    ctx_bytes: int
+    hidden_bytes: int
+
+
+def planned_message_bytes(groups: Sequence[BlockGroup], supervised: int, block_size: int,
+                          layout: FeatureLayout) -> int:
+    """Bytes of the ``KIND_BATCH`` message of one planned micro-batch (its block ``groups`` and ``supervised``
+    slots): header, layout, and per ``PackedBatch`` field its rows times its width (``packing.batch``)."""
+    rows = sum(int(group.anchors.max()) for group in groups)
+    blocks = sum(int(group.anchors.numel()) for group in groups)
+    features = rows * layout.taps * layout.hidden * layout.ctx_bytes + supervised * layout.hidden * layout.hidden_bytes
+    # ctx_tokens, ctx_seq, ctx_pos per row; block_input, block_prev, labels per slot; block_seq, block_anchor per
+    # block; sample_ids per packed sequence.
+    integers = 3 * rows + 3 * blocks * block_size + 2 * blocks + len(groups)
+    return INT64_BYTES * (HEADER_LEN + NUM_FIELDS * 4 + integers) + features
+
+
+def planned_wire_bytes(chunks: Iterable[ChunkPlan], block_size: int, layout: FeatureLayout) -> int:
+    """Bytes of every micro-batch message of ``chunks`` (outlines, a few hundred bytes per step, left out)."""
+    return sum(
+        planned_message_bytes(groups, supervised, block_size, layout)
+        for chunk in chunks
+        for groups, supervised in zip(chunk.groups, chunk.supervised)
+    )
 
 
 def send_message(message: StreamMessage, dst: int, device: torch.device, timeout_s: float, peer: str) -> int:
