@@ -20,6 +20,10 @@ from deepspec_train.export.engine_rules import EngineRuleError, check_engines, e
 from deepspec_train.kinds.engine_reading import captured_decoder_layers
 from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
+from deepspec_train.kinds.draft_layers import DRAFT_CONFIG_CLASSES
+from deepspec_train.models.geometry import geometry_from_target_config
+from deepspec_train.sizing import FAMILY_RECIPES, reference_target_config
+from tests.helpers.scale_checks import assert_parses_as_the_drafter
 
 # What each engine captures from each production export (decoder-layer outputs, fc column order).
 EXPECTED = {
@@ -220,3 +224,101 @@ def test_every_engine_and_layout_has_a_serve_line(plans):
     for (recipe, (plan, target, cfg)), engine in itertools.product(plans.items(), ("vllm", "sglang")):
         reading = engine_reading(engine, plan.config, plan.tensors, target)
         assert bool(reading.serve_commands) == (reading.unserved is None), (recipe, engine)
+
+
+@pytest.fixture(scope="module")
+def family_plans():
+    return {recipe: production_export_plan(recipe) for recipe in FAMILY_RECIPES}
+
+
+@pytest.mark.parametrize("recipe", FAMILY_RECIPES)
+def test_family_exports_parse_as_the_layers_the_drafter_has(family_plans, recipe):
+    """The export parsed with the transformers config class its model_type names (what both engines do) gives the
+    drafter's head_dim, no biases, SiLU and the drafter's one RoPE; every engine that serves it reads no problem."""
+    plan, target, cfg = family_plans[recipe]
+    config = plan.config
+    geometry = geometry_from_target_config(reference_target_config(cfg), cfg.drafter.intermediate_size)
+    assert_parses_as_the_drafter(config, plan.tensors, geometry)
+    for reading in check_engines(config, plan.tensors, target, cfg.target.layer_ids):
+        assert reading.problems == [], (recipe, reading.engine)
+
+
+def test_default_head_dims_are_the_config_classes():
+    """The readers' head_dim of a config without one is what transformers' Qwen3Config / LlamaConfig make of it."""
+    from transformers import AutoConfig
+
+    for model_type, config_class in DRAFT_CONFIG_CLASSES.items():
+        for d, heads in itertools.product((2560, 4096, 7168), (32, 64, 128)):
+            config = {"hidden_size": d, "num_attention_heads": heads, "num_key_value_heads": heads}
+            assert config_class.head_dim(config) == AutoConfig.for_model(model_type, **config).head_dim
+
+
+def _target_model_type(c, t, target):
+    c["model_type"] = target["model_type"]
+
+
+@pytest.mark.parametrize(
+    "recipe, edit, expected",
+    [
+        # What the export was before: the target family's model type.
+        ("deepseek-v3", _target_model_type, "vllm: model_type 'deepseek_v3': vLLM turns such a draft config into a "
+                                            "DeepSeek MTP draft"),
+        ("kimi-k2", lambda c, t, target: c.update(model_type="kimi_k2"), "vllm: model_type 'kimi_k2'"),
+        ("deepseek-v3", _target_model_type, "sglang: model_type 'deepseek_v3': SGLang parses the draft config with "
+                                            "that family's config class"),
+        ("gpt-oss-20b", _target_model_type, "vllm: model_type 'gpt_oss'"),
+        ("gpt-oss-20b", lambda c, t, target: c.update(attention_bias=True), "sglang: attention_bias is true"),
+        # Qwen3Config's default head_dim is 128, DeepSeek-V3's drafter has 64.
+        ("deepseek-v3", lambda c, t, target: c.pop("head_dim"), "vllm: vLLM builds head_dim 128 (128 heads: 16384 "
+                                                                "query rows), but the export's q_proj has 8192 rows"),
+        ("deepseek-v3", lambda c, t, target: c.update(quantization_config={"quant_method": "fp8"}),
+         "sglang: quantization_config (fp8)"),
+        ("kimi-k2", lambda c, t, target: c.update(auto_map={"AutoConfig": "configuration_deepseek.DeepseekV3Config"}),
+         "vllm: auto_map names an AutoConfig"),
+        ("gpt-oss-120b", lambda c, t, target: c.update(rope_parameters={
+            "full_attention": c["rope_parameters"], "sliding_attention": c["rope_parameters"]}),
+         "vllm: rope_parameters ['full_attention', 'sliding_attention'] is not one RoPE"),
+        ("llama-3.3-70b", lambda c, t, target: c.update(hidden_act="gelu_pytorch_tanh"), "sglang: hidden_act"),
+        ("llama-3.1-8b-dflash", lambda c, t, target: c.update(use_gemma_norm=True), None),
+    ],
+)
+def test_family_exports_built_differently_are_refused(family_plans, recipe, edit, expected):
+    plan, target, cfg = family_plans[recipe]
+    config, tensors = copy.deepcopy(plan.config), dict(plan.tensors)
+    edit(config, tensors, target)
+    if expected is None:  # use_gemma_norm is read by SGLang only, which does not serve a DSpark-label DFlash
+        check_engines(config, tensors, target, cfg.target.layer_ids)
+        return
+    problems = _refused(config, tensors, target, cfg.target.layer_ids)
+    assert any(p.startswith(expected) for p in problems), problems
+
+
+def test_speculators_layer_config_is_read_as_written(plans):
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-v32k")
+    layers = config["transformer_layer_config"]
+    assert layers["model_type"] == "qwen3" and layers["head_dim"] == 128 and layers["attention_bias"] is False
+    layers["attention_bias"] = True
+    assert _refused(config, tensors, target, trained)[0].startswith("vllm: attention_bias is true")
+    del layers["attention_bias"], layers["head_dim"]
+    check_engines(config, tensors, target, trained)  # raw fields: hidden / heads = 4096 / 32 = 128
+
+
+def test_engines_give_a_gemma_drafter_the_unscaled_embedding(plans):
+    config, tensors, target, trained = _edited(plans, "qwen3-8b-eagle3")
+    target["architectures"] = ["Gemma3ForCausalLM"]
+    problems = _refused(config, tensors, target, trained)
+    assert problems == ["sglang: SGLang shares the target's stored embedding rows with the drafter, unscaled; the "
+                        "target multiplies them by 64 and the drafter was trained on the scaled rows"]
+
+
+def test_published_deepseek_config_without_head_dim_pairs_with_its_drafter(family_plans):
+    """DeepSeek-V3's config.json has no head_dim: training's AutoConfig makes it qk_rope_head_dim (64), so the
+    exporter reads it the same way; a model type transformers does not know is read field by field (hidden / heads)."""
+    from deepspec_train.export.exporter import check_same_geometry
+
+    _, target, cfg = family_plans["deepseek-v3"]
+    geometry = geometry_from_target_config(reference_target_config(cfg), cfg.drafter.intermediate_size)
+    published = {k: v for k, v in target.items() if k != "head_dim"}
+    check_same_geometry(geometry, published)
+    with pytest.raises(ValueError, match="head_dim: drafter 64 vs target 56"):
+        check_same_geometry(geometry, {**published, "model_type": "kimi_k2"})

@@ -17,6 +17,7 @@ from deepspec_train.models.family_configs import family_reference_configs
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, reference_configs
 from deepspec_train.sizing import FAMILY_RECIPES, reference_target_config
 from deepspec_train.validation import load_recipe
+from tests.helpers import family_tokenizers
 
 
 @pytest.mark.parametrize("recipe", FAMILY_RECIPES)
@@ -85,3 +86,26 @@ def test_tensor_parallel_splits_follow_each_family_plan() -> None:
     # GPT-OSS: only the embedding splits (201,088 rows = 2^7 * 1,571).
     assert tensor_parallel_problems(c["gpt-oss-120b"].to_dict(), 8) == []
     assert "vocab_size = 201088" in tensor_parallel_problems(c["gpt-oss-120b"].to_dict(), 3)[0]
+
+
+def test_special_ids_are_the_published_tokenizers() -> None:
+    """The ids checked against public sources (docs/target_families.md names each): Llama 3 (Meta's llama-models
+    tokenizer), Gemma 3 (google-deepmind/gemma's special tokens), GPT-OSS (tiktoken's o200k_harmony), DeepSeek-V3
+    (its GGUF tokenizer metadata), Kimi-K2 (its tokenization_kimi.py named tokens)."""
+    c = family_reference_configs()
+    llama = c["Llama-3.1-8B-Instruct"]
+    assert (llama.bos_token_id, llama.eos_token_id, LLAMA3.mask_token_id) == (128000, [128001, 128008, 128009], 128002)
+    gemma = c["gemma-3-12b-it"]
+    assert (gemma.pad_token_id, gemma.bos_token_id, gemma.eos_token_id, GEMMA3.mask_token_id) == (0, 2, [1, 106], 4)
+    oss = c["gpt-oss-20b"]
+    assert (oss.eos_token_id, oss.pad_token_id, GPT_OSS.mask_token_id, oss.vocab_size) == (200002, 199999, 200000,
+                                                                                          201088)
+    ds, kimi = c["DeepSeek-V3"], c["Kimi-K2-Instruct"]
+    assert (ds.bos_token_id, ds.eos_token_id, DEEPSEEK_V3.mask_token_id, ds.vocab_size) == (0, 1, 128815, 129280)
+    assert (kimi.bos_token_id, kimi.eos_token_id) == (163584, 163585)
+    assert load_recipe("kimi-k2", check_target=False).drafter.mask_token_id == 163589
+    # The masks are reserved ids of the tokenizers, never a token the chat formats or the ends of turns use.
+    assert family_tokenizers.LLAMA3.specials[128002].startswith("<|reserved_special_token_")
+    assert family_tokenizers.KIMI_K2.specials[163589].startswith("<|reserved_token_")
+    assert family_tokenizers.HARMONY.specials[200000] == "<|reserved_200000|>"
+    assert family_tokenizers.DEEPSEEK_V3.size == 128815 and family_tokenizers.GEMMA3.specials[4] == "<mask>"

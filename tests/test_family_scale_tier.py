@@ -48,7 +48,7 @@ from tests.helpers.tiny_drafter import drafter_outputs
 from tests.helpers.family_world import FAMILY_TIER, build_family_world
 from tests.helpers.scale_world import scale_overrides
 from tests.helpers.streaming_world import free_port, read_logs, start_ranks, step_losses, wait_all
-from tests.helpers.scale_checks import CHANGED_KEYS, drop_final_checkpoint, flat_config
+from tests.helpers.scale_checks import CHANGED_KEYS, assert_parses_as_the_drafter, drop_final_checkpoint, flat_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 STREAMED_TIMEOUT_S = 1500
@@ -144,6 +144,7 @@ def test_family_recipe_trains_exports_reloads_and_passes_the_engine_rules(recipe
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
 
     config = json.loads((export_dir / "config.json").read_text())
+    assert_parses_as_the_drafter(config, reloaded.state_dict(), reloaded.geometry)
     target_config = scale_target_config(FAMILY_TIER[recipe])
     assert (config["vocab_size"], config["num_target_layers"]) == (target_config.vocab_size,
                                                                    target_config.num_hidden_layers)

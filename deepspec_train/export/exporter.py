@@ -10,6 +10,12 @@ lines), the SGLang STS file when a calibration is given, and the layout's compan
 ``dflash.py`` modeling file, which ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads). Everything
 that depends on the layout comes from its ``ServingLayout`` record (``kinds.layout_registry``).
 
+The config is the target's minus the fields that would change the drafter the engines build (its
+``quantization_config``, ``auto_map``, legacy ``rope_scaling``), with the drafter's own layer fields written out
+(``kinds.draft_layers``: ``head_dim``, no attention bias, SiLU, the one RoPE its layers use) and the layout's
+``model_type`` (``qwen3``; EAGLE-3 ``llama``), never the target family's: vLLM turns a ``deepseek_v3`` draft
+config into a DeepSeek MTP draft, and each family's config class fills in its own defaults.
+
 Which drafter goes in which layout (the kinds' ``layouts``): DSpark -> ``dspark``; DFlash trained with DSpark
 labels -> ``dspark`` (``markov_rank 0``, no confidence head); DFlash trained with z-lab labels -> ``zlab-dflash``;
 EAGLE-3 -> ``eagle3`` (``d2t`` / ``t2d`` only for a reduced draft vocabulary). Any other combination is refused:
@@ -49,11 +55,11 @@ from deepspec_train.formats.drafter_loader import (
     read_tensor_specs,
     resolve_drafter_dir,
 )
+from deepspec_train.kinds.draft_layers import TARGET_ONLY_FIELDS, drafter_layer_fields
 from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
 from deepspec_train.kinds.layout_spec import LayoutError, WrittenDrafter
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
-from deepspec_train.models.rope_parameters import GLOBAL_LAYER_TYPE
 from deepspec_train.target.head_weights import load_head_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -98,10 +104,25 @@ def check_layout_fits(loaded: LoadedDrafter, layout: str) -> None:
         ])
 
 
+def target_config_as_loaded(target_config: Mapping[str, Any]) -> Any:
+    """The target's config.json as training read it (``AutoConfig`` without remote code): parsed by the
+    transformers class of its ``model_type``, whose derived fields count (DeepSeek-V3's config.json has no
+    ``head_dim``; ``DeepseekV3Config`` makes it ``qk_rope_head_dim``, not hidden / heads); a model type transformers
+    does not know (Kimi-K2's ``kimi_k2``, read with remote code) is taken field by field."""
+    from transformers import AutoConfig
+
+    fields = dict(target_config)
+    model_type = fields.pop("model_type", None)
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except ValueError:
+        return SimpleNamespace(**target_config)
+
+
 def check_same_geometry(geometry: DrafterGeometry, target_config: Mapping[str, Any]) -> None:
     """Refuse to pair a drafter with a target of another shape (only the drafter's MLP width may differ)."""
     try:
-        target = geometry_from_target_config(SimpleNamespace(**target_config), geometry.intermediate_size)
+        target = geometry_from_target_config(target_config_as_loaded(target_config), geometry.intermediate_size)
     except AttributeError as err:
         raise ValueError(f"target config.json lacks a geometry field: {err}") from err
     diffs = [
@@ -132,7 +153,7 @@ def plan_export(
     module = loaded.module
     check_same_geometry(module.geometry, target_config)
     num_layers = spec.depth(module)
-    config = dict(target_config)
+    config = {key: value for key, value in target_config.items() if key not in TARGET_ONLY_FIELDS}
     dtype_name = _DTYPE_NAMES[dtype]
     config.update(
         architectures=[spec.architecture],
@@ -142,15 +163,14 @@ def plan_export(
         # transformers 5 reads "dtype", older readers "torch_dtype".
         dtype=dtype_name,
         torch_dtype=dtype_name,
+        # The drafter's own layer fields, whatever the target family has (Gemma's per-type RoPE, GPT-OSS's biases).
+        **drafter_layer_fields(module.geometry),
     )
     temperatures = None if confidence_temperatures is None else list(confidence_temperatures)
     fingerprint = loaded.target_fingerprint or {}
     written = WrittenDrafter(module, loaded.block_size, loaded.mask_token_id, list(loaded.target_layer_ids),
                              num_anchors, temperatures, dict(target_config), str(fingerprint.get("path") or ""))
     config.update(spec.fields(written))
-    if GLOBAL_LAYER_TYPE in (config.get("rope_parameters") or {}):
-        # A target with one RoPE per attention type (Gemma 3): the drafter's layers use the global one.
-        config["rope_parameters"] = dict(module.geometry.rope_parameters)
     if loaded.target_fingerprint is not None:
         config[FINGERPRINT_FIELD] = dict(loaded.target_fingerprint)
     omitted = spec.unwritten(module)

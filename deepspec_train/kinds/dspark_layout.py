@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DSPARK_LABELS, MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
 from deepspec_train.families.records import BLOCK_CAPTURE
+from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
 from deepspec_train.kinds.engine_reading import (
     SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
 )
@@ -48,6 +49,8 @@ def dspark_fields(drafter: WrittenDrafter) -> dict[str, Any]:
     module = drafter.module
     confidence = module.confidence_head is not None
     fields = {
+        # DeepSpec's release is a Qwen3 config; any other model type is parsed as its family's (kinds.draft_layers).
+        "model_type": QWEN3_MODEL_TYPE,
         "num_target_layers": module.geometry.num_target_layers,
         "block_size": drafter.block_size,
         "tie_word_embeddings": False,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.families.records import EAGLE3_CAPTURE
+from deepspec_train.kinds.draft_layers import LLAMA_MODEL_TYPE, layer_config_problems, shared_embedding_problems
 from deepspec_train.kinds.engine_reading import (
     EngineReading,
     ServePaths,
@@ -113,7 +114,7 @@ def _fields(drafter: WrittenDrafter) -> dict[str, Any]:
     layer_ids = list(drafter.target_layer_ids)
     check_eagle3_taps(layer_ids, geometry.num_target_layers)
     return {
-        "model_type": "llama",
+        "model_type": LLAMA_MODEL_TYPE,
         "draft_vocab_size": int(module.d2t.shape[0]),
         "tie_word_embeddings": False,
         "target_hidden_size": geometry.hidden_size,
@@ -150,7 +151,7 @@ def _check_layer_ids(check: ConfigCheck, num_target: Optional[int]) -> Optional[
 
 def _check(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     g = config_geometry(check)
-    check.equals("model_type", "llama")
+    check.equals("model_type", LLAMA_MODEL_TYPE)
     check.equals("num_hidden_layers", 1)
     check.equals("tie_word_embeddings", False)
     check.number("rope_theta")
@@ -213,6 +214,8 @@ def _vllm(config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetF
             f"no top-level eagle_aux_hidden_state_layer_ids: vLLM captures its default hidden states {points}")
     if config.get("norm_before_residual"):
         reading.problems.append("norm_before_residual is true, but the drafter keeps the un-normed residual")
+    reading.problems += layer_config_problems("vllm", config, tensors)
+    reading.problems += shared_embedding_problems("vllm", target.embedding_scale)
     reading.problems += draft_vocab_problems("vllm", config, tensors, target.vocab_size)
     steps = int(config.get("block_size", DEFAULT_BLOCK))
     spec = {"method": "eagle3", "model": paths.export, "num_speculative_tokens": steps}
@@ -241,6 +244,8 @@ def _sglang(config: Mapping[str, Any], tensors: Mapping[str, Any], target: Targe
             paths: ServePaths) -> EngineReading:
     reading = EngineReading("sglang", NAME, None)
     points = _sglang_points(config, target, reading)
+    reading.problems += layer_config_problems("sglang", config, tensors)
+    reading.problems += shared_embedding_problems("sglang", target.embedding_scale)
     reading.problems += draft_vocab_problems("sglang", config, tensors, target.vocab_size)
     reading.serve_commands.append(
         f"{sglang_launch(paths, 'EAGLE3')} "

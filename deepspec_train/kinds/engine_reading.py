@@ -51,20 +51,24 @@ class EngineReading:
 
 @dataclass(frozen=True)
 class TargetFacts:
-    """What the engines' readers need of the target's config.json: its depth, vocabulary, architecture and the
-    record of its family (None for an architecture no family record covers)."""
+    """What the engines' readers need of the target's config.json: its depth, vocabulary, architecture, the
+    record of its family (None for an architecture no family record covers) and the factor its model multiplies the
+    stored embedding rows by (Gemma's ``sqrt(hidden_size)``)."""
 
     num_layers: int
     vocab_size: int
     architecture: str
     family: Optional[TargetFamily] = None
+    embedding_scale: float = 1.0
 
 
 def target_facts(target_config: Mapping[str, Any]) -> TargetFacts:
     """The target facts of a target's config.json (its first ``architectures`` entry names it)."""
     archs = target_config.get("architectures") or ["(a config without architectures)"]
+    family = family_of(target_config)
+    scale = 1.0 if family is None else float(family.embedding_scale(target_config))
     return TargetFacts(int(target_config["num_hidden_layers"]), int(target_config["vocab_size"]), str(archs[0]),
-                       family_of(target_config))
+                       family, scale)
 
 
 def architecture_unserved(engine: str, capture: str, target: TargetFacts) -> Optional[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from deepspec_train.kinds.draft_layers import layer_config_problems, shared_embedding_problems
 from deepspec_train.kinds.engine_reading import (
     EngineReading,
     ServePaths,
@@ -27,14 +28,26 @@ from deepspec_train.kinds.layout_spec import EngineReader
 Config = Mapping[str, Any]
 
 
+def layers_as_configured(engine: str, config: Config, tensors: Config) -> list[str]:
+    """``layers`` of a layout whose config.json itself holds the drafter's layer fields (parsed by model type)."""
+    return layer_config_problems(engine, config, tensors)
+
+
 @dataclass(frozen=True)
 class BlockServing:
     """One engine's view of one block-drafter layout: ``unserved(config)`` says why the engine does not serve an
     export (None: it does); ``serve(reading, config, tensors, target, paths)`` adds the layout's problems, notes
-    and serve command lines to a served export's reading."""
+    and serve command lines to a served export's reading; ``layers(engine, config, tensors)`` says how the engine
+    would build the drafter's layers differently (``kinds.draft_layers``)."""
 
     unserved: Callable[[Config], Optional[str]]
     serve: Callable[[EngineReading, Config, Config, TargetFacts, ServePaths], None]
+    layers: Callable[[str, Config, Config], list[str]] = layers_as_configured
+
+
+def _built_differently(engine: str, serving: BlockServing, config: Config, tensors: Config,
+                       target: TargetFacts) -> list[str]:
+    return serving.layers(engine, config, tensors) + shared_embedding_problems(engine, target.embedding_scale)
 
 
 def block_layout_engines(layout: str, vllm: BlockServing, sglang: BlockServing) -> dict[str, EngineReader]:
@@ -56,6 +69,7 @@ def vllm_block_reader(layout: str, serving: BlockServing) -> EngineReader:
         reading.unserved = serving.unserved(config)
         if reading.unserved is None:
             reading.problems += causal_problems(config)
+            reading.problems += _built_differently("vllm", serving, config, tensors, target)
             reading.problems += draft_vocab_problems("vllm", config, tensors, target.vocab_size)
             serving.serve(reading, config, tensors, target, paths)
             points = vllm_capture_points(config)
@@ -83,6 +97,7 @@ def sglang_block_reader(layout: str, serving: BlockServing) -> EngineReader:
             points = [i + 1 for i in ids]
         reading.unserved = serving.unserved(config)
         if reading.unserved is None:
+            reading.problems += _built_differently("sglang", serving, config, tensors, target)
             serving.serve(reading, config, tensors, target, paths)
             if points is not None:
                 reading.captured_layers = captured_decoder_layers(points, target.num_layers)

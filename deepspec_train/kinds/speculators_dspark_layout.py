@@ -32,6 +32,7 @@ from typing import Any, Optional
 
 from deepspec_train.config.schema import VANILLA_MARKOV_HEAD
 from deepspec_train.families.records import BLOCK_CAPTURE
+from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE, RAW_FIELDS, drafter_layer_fields, layer_config_problems
 from deepspec_train.kinds.dspark_layout import (
     VLLM_MARKOV_HEAD_TYPES, check_dspark_config, dspark_fields, read_dspark_config,
 )
@@ -45,12 +46,9 @@ from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_lay
 
 NAME = "speculators-dspark"
 SPECULATORS_TYPE = "dspark"
-# Fields of the drafter's own model config (``transformer_layer_config``), taken from the export's config.
-_MODEL_FIELDS = (
-    "model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "vocab_size", "max_position_embeddings",
-    "rope_theta", "rope_parameters", "rope_scaling", "attention_bias", "layer_types", "tie_word_embeddings",
-)
+# Target fields the drafter's own model config (``transformer_layer_config``) repeats; the layer fields themselves
+# are the drafter's (``draft_layers.drafter_layer_fields``: vLLM sets them on its config as they are).
+_TARGET_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings")
 
 
 def _fields(drafter: WrittenDrafter) -> dict[str, Any]:
@@ -58,9 +56,9 @@ def _fields(drafter: WrittenDrafter) -> dict[str, Any]:
     geometry = module.geometry
     vocab = module.draft_vocab
     depth = stacked_depth(module)
-    model = {key: drafter.target_config[key] for key in _MODEL_FIELDS if key in drafter.target_config}
-    model.update(num_hidden_layers=depth, intermediate_size=geometry.intermediate_size,
-                 layer_types=["full_attention"] * depth, tie_word_embeddings=False)
+    model = {key: drafter.target_config[key] for key in _TARGET_FIELDS if key in drafter.target_config}
+    model.update(model_type=QWEN3_MODEL_TYPE, num_hidden_layers=depth, intermediate_size=geometry.intermediate_size,
+                 layer_types=["full_attention"] * depth, tie_word_embeddings=False, **drafter_layer_fields(geometry))
     return {
         **dspark_fields(drafter),
         "speculators_model_type": SPECULATORS_TYPE,
@@ -121,6 +119,12 @@ def _read(config: Mapping[str, Any]) -> ExportReading:
     return reading._replace(drafter=dataclasses.replace(reading.drafter, draft_vocab_size=draft))
 
 
+def _layers(engine: str, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> list[str]:
+    """vLLM builds the draft model from ``transformer_layer_config``, its fields set as they are."""
+    layers = config.get("transformer_layer_config")
+    return layer_config_problems(engine, layers if isinstance(layers, Mapping) else {}, tensors, RAW_FIELDS)
+
+
 def _vllm_unserved(config: Mapping[str, Any]) -> Optional[str]:
     head_type = config.get("markov_head_type", VANILLA_MARKOV_HEAD)
     if head_type in VLLM_MARKOV_HEAD_TYPES:
@@ -161,7 +165,7 @@ SPECULATORS_DSPARK_LAYOUT = ServingLayout(
     taps=lambda config: list(config["target_layer_ids"]),
     read=_read,
     engines=block_layout_engines(
-        NAME, BlockServing(_vllm_unserved, _vllm_serve), BlockServing(_sglang_unserved, _no_sglang_serve)
+        NAME, BlockServing(_vllm_unserved, _vllm_serve, _layers), BlockServing(_sglang_unserved, _no_sglang_serve)
     ),
     complete_published=published_as_is,
     target_vocab_tensors=("embed_tokens.weight", "markov_head.markov_w1.weight", "t2d"),

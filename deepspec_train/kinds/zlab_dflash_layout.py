@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig
 from deepspec_train.families.records import BLOCK_CAPTURE
+from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
 from deepspec_train.kinds.engine_reading import (
     EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
 )
@@ -38,7 +39,7 @@ _FROM_TARGET = ("embed_tokens.weight", "lm_head.weight")
 
 def _fields(drafter: WrittenDrafter) -> dict[str, Any]:
     return {
-        "model_type": "qwen3",
+        "model_type": QWEN3_MODEL_TYPE,
         "num_target_layers": drafter.module.geometry.num_target_layers,
         "block_size": drafter.block_size,
         "dflash_config": {"mask_token_id": drafter.mask_token_id, "target_layer_ids": list(drafter.target_layer_ids)},
@@ -48,7 +49,7 @@ def _fields(drafter: WrittenDrafter) -> dict[str, Any]:
 
 def _check(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     g = config_geometry(check)
-    check.equals("model_type", "qwen3")
+    check.equals("model_type", QWEN3_MODEL_TYPE)
     num_layers = check.integer("num_hidden_layers", 1)
     num_target = check.integer("num_target_layers", 1)
     # z-lab blocks draft B-1 tokens: a block of 1 drafts nothing.

@@ -1,10 +1,14 @@
 """Checks the scale-model tiers share (Qwen3's ``tests/test_scale_tier.py`` and the other families'
-``tests/test_family_scale_tier.py``): which recipe keys a tier may change, and the disk the final checkpoint takes."""
+``tests/test_family_scale_tier.py``): which recipe keys a tier may change, the disk the final checkpoint takes, and
+that an export's config parses, as the engines parse it, into the drafter's layers (also run on the production
+plans by ``tests/test_engine_rules.py``)."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 # The recipe keys the tier may change: paths, sizes, step count, the logging of a test run, and the topology: one
 # target worker without a tensor-parallel group (groups are tested in test_target_groups.py).
@@ -31,3 +35,18 @@ def flat_config(tree: dict, prefix: str = "") -> dict[str, object]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def assert_parses_as_the_drafter(config: Mapping[str, Any], tensors: Mapping[str, Any], geometry: Any) -> None:
+    """Parse an export's config.json with the transformers config class its ``model_type`` names, as vLLM and
+    SGLang do before they build the draft layers, and check that it describes the drafter: its head_dim (the query
+    rows of the stored q_proj), no attention bias, SiLU, its RMSNorm epsilon and its one RoPE, no quantization."""
+    from transformers import AutoConfig
+
+    assert config["model_type"] == ("llama" if "midlayer.self_attn.q_proj.weight" in tensors else "qwen3")
+    assert not {"quantization_config", "auto_map", "rope_scaling"} & config.keys()
+    parsed = AutoConfig.for_model(**{k: v for k, v in config.items() if k not in ("architectures", "dtype")})
+    rows = {int(t.shape[0]) for name, t in tensors.items() if name.endswith("self_attn.q_proj.weight")}
+    assert rows == {parsed.num_attention_heads * parsed.head_dim} and parsed.head_dim == geometry.head_dim
+    assert parsed.attention_bias is False and parsed.hidden_act == "silu"
+    assert parsed.rope_parameters == geometry.rope_parameters and parsed.rms_norm_eps == geometry.rms_norm_eps
