@@ -2,7 +2,7 @@
 but on conversations of different lengths, compared by tau per position bucket on the tiny world's long suite.
 
     python bench/long_context_acceptance.py --tinyworld artifacts/tinyworld --out runs/long_context
-    python bench/long_context_acceptance.py --tinyworld W --out OUT --prompts 160 --steps 60 --seeds 2   # reduced
+    python bench/long_context_acceptance.py --tinyworld W --out OUT --prompts 400 --steps 80 --seeds 2   # reduced
 
 1. Data, from the world and its target only: ``--prompts`` prompts of the target's own training corpus
    (``corpus/train.jsonl``: never a suite or validation prompt) that fit a short conversation are chained, in one
