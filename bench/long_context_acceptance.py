@@ -211,7 +211,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     world, out = Path(args.tinyworld).resolve(), Path(args.out).resolve()
     if not (world / "suites" / "long.jsonl").is_file():
-        raise SystemExit(f"{world}: no tiny world with a long suite (build one: deepspec tinyworld build --out {world})")
+        raise SystemExit(f"{world}: no tiny world with a long suite "
+                         f"(build one: deepspec tinyworld build --out {world})")
     (out / "data").mkdir(parents=True, exist_ok=True)
     start = time.time()
     data = build_data(world, out, args)

@@ -10,8 +10,8 @@ falls on all drafters alike; each (seed, suite, prompt) decode has its own gener
 drafter. At temperature 0 decoding is greedy and only the first seed is decoded. Each drafter drafts its own
 trained block size. The output directory gets ``table1.md`` and ``table1.json`` (every temperature),
 ``tau_per_suite_T<t>.png``, ``conditional_acceptance_<suite>_T<t>.png`` and
-``tau_by_{answer,context}_position_<suite>_T<t>.png`` (tau per position bucket, one line per drafter), per drafter and temperature the
-trace rounds (``traces/<drafter>_T<t>.jsonl``) and ``deepspec eval``'s ``results.json``
+``tau_by_{answer,context}_position_<suite>_T<t>.png`` (tau per position bucket, one line per drafter), per
+drafter and temperature the trace rounds (``traces/<drafter>_T<t>.jsonl``) and ``deepspec eval``'s ``results.json``
 (``<drafter>/results_T<t>.json``, which ``deepspec compare`` reads), and with ``--wandb`` one W&B run per drafter
 (``evaluation.wandb_runs``).
 """

@@ -3,9 +3,9 @@
 A suite file holds one JSON object per line with an id (``id``, or MT-Bench's ``question_id``), a ``category``
 and ``turns``, the list of user messages of one conversation. A suite is named on the command line by its path
 (named after the file), as ``NAME=PATH`` (a file written by ``deepspec suites prepare``, named ``NAME``), or as
-``tinyworld:NAME`` (``code``, ``prose``, ``math``, or ``long``, the long-context suite), which resolves to ``DIR/suites/NAME.jsonl`` of a tiny world
-built by ``deepspec tinyworld build --out DIR``. A suite that cannot be read, or that holds no
-prompt (an empty file, ``max_prompts`` below 1), raises ``SuiteError`` with one line naming the file.
+``tinyworld:NAME`` (``code``, ``prose``, ``math``, or ``long``, the long-context suite), which resolves to
+``DIR/suites/NAME.jsonl`` of a tiny world built by ``deepspec tinyworld build --out DIR``. A suite that cannot be
+read, or that holds no prompt (an empty file, ``max_prompts`` below 1), raises ``SuiteError`` with one line naming the file.
 """
 
 from __future__ import annotations
