@@ -24,7 +24,7 @@ MAX_NEW = 20
 TRACE_FIELDS = {
     "suite", "category", "prompt_id", "turn", "round", "drafted", "accepted", "emitted",
     "confidence_logits", "confidences", "target_accept_probs", "draft_seconds", "draft_cpu_seconds",
-    "analytic_accept", "seed",
+    "analytic_accept", "seed", "answer_start", "context_start",
 }
 
 

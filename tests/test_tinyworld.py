@@ -18,7 +18,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from deepspec_train.evaluation.suites import load_suite
 from deepspec_train.tinyworld.cli import main as cli_main
+from deepspec_train.tinyworld.long_suite import LONG_CONTEXT_TOKENS
 from deepspec_train.tinyworld.corpus import (
     DOMAINS,
     MATH_TEMPLATES,
@@ -234,6 +236,28 @@ def test_test_preset_writes_regenerated_conversations_and_suites(built_world):
     trained_ids = {json.loads(line)["id"] for line in (out / "corpus" / "train.jsonl").read_text().splitlines()}
     assert ids["train"] <= trained_ids
     assert not (ids["validation"] | suite_ids) & trained_ids and not ids["validation"] & suite_ids
+    _check_long_suite(out)
+
+
+def _check_long_suite(out: Path) -> None:
+    """suites/long.jsonl chains suite prompts (each at most once per conversation) until the rendered prompts and
+    corpus answers reach LONG_CONTEXT_TOKENS, recounted here turn by turn."""
+    tokenizer = AutoTokenizer.from_pretrained(out / "target")
+    heldout = [json.loads(line) for line in (out / "corpus" / "heldout.jsonl").read_text().splitlines()]
+    suite_prompts = {tuple(r["turns"])[0] for d in DOMAINS
+                     for r in map(json.loads, (out / "suites" / f"{d}.jsonl").read_text().splitlines())}
+    length_of = {}
+    for row in heldout:
+        text = tokenizer.apply_chat_template(row["messages"], tokenize=False, enable_thinking=False)
+        length_of[row["messages"][0]["content"]] = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    rows = [json.loads(line) for line in (out / "suites" / "long.jsonl").read_text().splitlines()]
+    assert len(rows) == TEST.long_suite_prompts and len({r["id"] for r in rows}) == len(rows)
+    for row in rows:
+        turns = row["turns"]
+        assert row["category"] == "long" and set(turns) <= suite_prompts and len(set(turns)) == len(turns)
+        expected = [length_of[t] for t in turns]
+        assert sum(expected) >= LONG_CONTEXT_TOKENS > sum(expected[:-1]) or len(turns) == len(suite_prompts)
+    assert load_suite("tinyworld:long", str(out)).prompts[0].turns == tuple(rows[0]["turns"])
 
 
 def test_build_refuses_to_overwrite_without_force(built_world, capsys):

@@ -1,5 +1,6 @@
 """PNG plots of a drafter comparison: conditional acceptance per position (one file per suite), tau per suite as
-grouped bars, and the confidence head's ECE per position before / after calibration.
+grouped bars, tau per position bucket of the decoded answer, and the confidence head's ECE per position before /
+after calibration.
 
 Figures come from ``formats.figures`` (matplotlib's object API on the Agg canvas). A plot whose data no drafter
 has is not written.
@@ -53,6 +54,37 @@ def plot_conditional_acceptance(rows: Sequence[DrafterRow], suite: str, path: st
     """One line per drafter evaluated on ``suite``: measured ``P(A_k | A_<k)`` over positions k."""
     curves = {r.name: _floats(r.conditional_acceptance[suite]) for r in rows if r.conditional_acceptance.get(suite)}
     return plot_per_position(curves, f"P(A_k | A_<k) on {suite}", path)
+
+
+def position_file(axis: str, suite: str) -> str:
+    """``tau_by_<axis>_position_<suite>.png``, with characters unsafe in file names replaced by ``_``."""
+    return f"tau_by_{axis}_position_{re.sub(r'[^A-Za-z0-9_.-]', '_', suite)}.png"
+
+
+def plot_tau_by_bucket(
+    curves: Mapping[str, Sequence[tuple[float | None, float | None, float | None]]],
+    buckets: Sequence[str],
+    xlabel: str,
+    path: str | os.PathLike,
+) -> Path:
+    """One line per drafter over position buckets: ``curves[name][b]`` = (tau, interval low, interval high) of
+    bucket ``b`` (None where the bucket has no round, or no interval), drawn with the interval as error bars."""
+    fig = new_figure(6.0, 4.0)
+    ax = fig.add_subplot()
+    x = np.arange(len(buckets))
+    for i, (name, points) in enumerate(curves.items()):
+        tau, low, high = (_floats([p[j] for p in points]) for j in range(3))
+        # A bucket with a tau but no interval draws without error bars rather than hiding the point.
+        below, above = np.nan_to_num(tau - low, nan=0.0), np.nan_to_num(high - tau, nan=0.0)
+        offset = (i - (len(curves) - 1) / 2) * 0.06
+        ax.errorbar(x + offset, tau, yerr=[below, above], marker="o", capsize=3, label=name)
+    ax.set_xticks(x, list(buckets))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("tau (tokens per round, bonus included)")
+    ax.grid(True, alpha=0.3)
+    if curves:
+        ax.legend()
+    return save_png(fig, path)
 
 
 def plot_tau_per_suite(rows: Sequence[DrafterRow], path: str | os.PathLike) -> Path:

@@ -9,8 +9,9 @@ Decoding is interleaved prompt by prompt (``quality_bench.decode_interleaved``),
 falls on all drafters alike; each (seed, suite, prompt) decode has its own generator seed, the same for every
 drafter. At temperature 0 decoding is greedy and only the first seed is decoded. Each drafter drafts its own
 trained block size. The output directory gets ``table1.md`` and ``table1.json`` (every temperature),
-``tau_per_suite_T<t>.png`` and ``conditional_acceptance_<suite>_T<t>.png``, per drafter and temperature the
-trace rounds (``traces/<drafter>_T<t>.jsonl``) and ``deepspec eval``'s ``results.json``
+``tau_per_suite_T<t>.png``, ``conditional_acceptance_<suite>_T<t>.png`` and
+``tau_by_{answer,context}_position_<suite>_T<t>.png`` (tau per position bucket, one line per drafter), per
+drafter and temperature the trace rounds (``traces/<drafter>_T<t>.jsonl``) and ``deepspec eval``'s ``results.json``
 (``<drafter>/results_T<t>.json``, which ``deepspec compare`` reads), and with ``--wandb`` one W&B run per drafter
 (``evaluation.wandb_runs``).
 """
@@ -25,9 +26,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.comparison.collect import DrafterRow
-from deepspec_train.comparison.plots import acceptance_file, plot_conditional_acceptance, plot_tau_per_suite
+from deepspec_train.comparison.plots import (
+    acceptance_file, plot_conditional_acceptance, plot_tau_by_bucket, plot_tau_per_suite, position_file,
+)
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.drafter_comparison import BenchDrafter, DecodeSettings, decode_interleaved
+from deepspec_train.evaluation.position_buckets import POSITION_AXES, POSITION_BUCKETS
 from deepspec_train.evaluation.report import ConversationStats, build_results
 from deepspec_train.evaluation.suites import Suite
 from deepspec_train.evaluation.table1 import Table1, TableSettings, build_table1, table1_markdown
@@ -63,13 +67,20 @@ def drafter_rows(table: Table1, kinds: dict[str, str], out: Path) -> list[Drafte
 
 
 def write_plots(table: Table1, kinds: dict[str, str], out: Path) -> list[Path]:
-    """Tau per suite as grouped bars and each suite's acceptance curves, tagged with the temperature."""
+    """Tau per suite as grouped bars, each suite's acceptance curves and its tau per position bucket on each
+    axis, tagged with the temperature."""
     rows = drafter_rows(table, kinds, out)
     tag = temperature_tag(table.temperature)
     paths = [plot_tau_per_suite(rows, out / f"tau_per_suite_{tag}.png")]
+    buckets = [b.name for b in POSITION_BUCKETS]
     for suite in table.suites:
         name = acceptance_file(suite).removesuffix(".png")
         paths.append(plot_conditional_acceptance(rows, suite, out / f"{name}_{tag}.png"))
+        for axis in (POSITION_AXES[name] for name in table.positions):
+            curves = {d: [(b.tau, *((b.interval.low, b.interval.high) if b.interval else (None, None)))
+                          for b in table.positions[axis.name][d][suite]] for d in table.drafters}
+            name = position_file(axis.name, suite).removesuffix(".png")
+            paths.append(plot_tau_by_bucket(curves, buckets, axis.label, out / f"{name}_{tag}.png"))
     return paths
 
 

@@ -60,7 +60,8 @@ def prompt_totals(emitted: Sequence[float], rounds: Sequence[float]) -> PromptTo
     return PromptTotals(e, r)
 
 
-def _estimate(point: float, replicates: np.ndarray, level: float) -> RatioEstimate:
+def estimate_from_replicates(point: float, replicates: np.ndarray, level: float) -> RatioEstimate:
+    """``point`` with the standard deviation and ``level`` percentile interval of its bootstrap ``replicates``."""
     alpha = (1.0 - level) / 2.0
     low, high = np.quantile(replicates, [alpha, 1.0 - alpha])
     return RatioEstimate(float(point), float(replicates.std(ddof=1)), float(low), float(high))
@@ -99,11 +100,11 @@ def bootstrap_tau_ratios(
             ta, tb = totals[category][a], totals[category][b]
             point = ta.tau() / tb.tau()
             reps = ta.tau(draws[category]) / tb.tau(draws[category])
-            per_category[category] = _estimate(point, reps, level)
+            per_category[category] = estimate_from_replicates(point, reps, level)
             log_points.append(math.log(point))
             log_replicates.append(np.log(reps))
         geomean = math.exp(sum(log_points) / len(log_points))
-        per_category["geomean"] = _estimate(geomean, np.exp(np.mean(log_replicates, axis=0)), level)
+        per_category["geomean"] = estimate_from_replicates(geomean, np.exp(np.mean(log_replicates, axis=0)), level)
         out[(a, b)] = per_category
     return out
 
@@ -119,4 +120,4 @@ def bootstrap_mean(values_per_prompt: Sequence[np.ndarray], replicates: int = 20
     rng = np.random.default_rng(seed)
     draw = rng.integers(0, counts.size, size=(replicates, counts.size))
     reps = sums[draw].sum(axis=1) / np.maximum(counts[draw].sum(axis=1), 1.0)
-    return _estimate(sums.sum() / counts.sum(), reps, level)
+    return estimate_from_replicates(sums.sum() / counts.sum(), reps, level)

@@ -11,7 +11,10 @@ and wall time). Definitions:
 - ``mean_confidence[k-1]``: the mean calibrated confidence ``c_k`` over the same rounds, so it sits next to the
   realised ``conditional_acceptance[k-1]`` (absent without a confidence head);
 - ``tokens_per_s`` = new tokens / decoding seconds, summed over conversations;
-- ``draft_ms_per_round`` = the drafter's mean wall time per round (``draft_seconds`` of the traces), in ms.
+- ``draft_ms_per_round`` = the drafter's mean wall time per round (``draft_seconds`` of the traces), in ms;
+- ``tau_by_position``: per position axis (``answer``, ``context``), one entry per bucket of
+  ``evaluation.position_buckets.POSITION_BUCKETS``: tau and rounds of the rounds starting in it, with a bootstrap
+  interval over prompts (absent for traces that do not record positions).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
+from deepspec_train.evaluation.position_buckets import POSITION_AXES, position_stats
 from deepspec_train.formats.eval_traces import TraceRound
 
 
@@ -69,6 +73,9 @@ def summarize(rounds: Sequence[TraceRound], conversations: list[ConversationStat
     confidence = mean_confidence(rounds, block_size)
     if confidence is not None:
         summary["mean_confidence"] = confidence
+    if rounds and all(r.answer_start is not None and r.context_start is not None for r in rounds):
+        summary["tau_by_position"] = {axis.name: [b.to_dict() for b in position_stats({"": rounds}, axis)[""]]
+                                      for axis in POSITION_AXES.values()}
     return summary
 
 
@@ -115,4 +122,7 @@ def summary_table(results: dict[str, Any]) -> str:
         if "mean_confidence" in entry:
             confidence = " ".join(_fmt(c) for c in entry["mean_confidence"])
             lines.append(f"{'':<16} {'':>6} {'':>7} {'':>8}  mean confidence: {confidence}")
+        for axis, buckets in entry.get("tau_by_position", {}).items():
+            cells = "  ".join(f"{b['bucket']} {_fmt(b['tau'])} ({b['rounds']})" for b in buckets)
+            lines.append(f"{'':<16} {'':>6} {'':>7} {'':>8}  tau by {axis} position (rounds): {cells}")
     return "\n".join(lines)

@@ -64,6 +64,10 @@ class RoundRecord:
     # on a shared machine does not inflate.
     draft_seconds: float
     draft_cpu_seconds: float
+    # Where the round starts: answer tokens of this turn emitted before it, and the anchor's position in the
+    # conversation (the target's processed positions).
+    answer_start: int = 0
+    context_start: int = 0
 
     def trace(self, suite: str, category: str, prompt_id: str, seed: Optional[int] = None) -> TraceRound:
         """This round's trace line, for prompt ``prompt_id`` of ``suite`` (decoded with sampling seed ``seed``,
@@ -78,6 +82,8 @@ class RoundRecord:
             draft_seconds=self.draft_seconds,
             draft_cpu_seconds=self.draft_cpu_seconds,
             seed=seed,
+            answer_start=self.answer_start,
+            context_start=self.context_start,
         )
 
 
@@ -243,7 +249,10 @@ class SpeculativeDecoder:
         self.confidence_temperatures = confidence_temperatures
         self.stop_ids = stop_token_ids(target, tokenizer)
 
-    def _round(self, session: TargetSession, turn: int, index: int) -> tuple[list[int], RoundRecord]:
+    def _round(
+        self, session: TargetSession, turn: int, index: int, answer_start: int
+    ) -> tuple[list[int], RoundRecord]:
+        context_start = session.processed
         anchor = torch.tensor([session.tokens[-1]], device=session.device)
         context = session.context()
         start, start_cpu = time.perf_counter(), time.thread_time()
@@ -269,6 +278,8 @@ class SpeculativeDecoder:
             analytic_accept=c_star[0].tolist(),
             draft_seconds=draft_seconds,
             draft_cpu_seconds=draft_cpu_seconds,
+            answer_start=answer_start,
+            context_start=context_start,
         )
         return emitted, record
 
@@ -281,7 +292,7 @@ class SpeculativeDecoder:
             if session.processed + self.block_size + 1 > session.max_positions:
                 result.stop_reason = "context"
                 break
-            emitted, record = self._round(session, turn, len(result.rounds))
+            emitted, record = self._round(session, turn, len(result.rounds), len(result.tokens))
             result.rounds.append(record)
             emitted = emitted[: max_new_tokens - len(result.tokens)]
             stop_at = next((i for i, t in enumerate(emitted) if t in self.stop_ids), None)
@@ -306,13 +317,18 @@ class SpeculativeDecoder:
     def decode_conversation(
         self, turns: Sequence[str], max_new_tokens: int
     ) -> tuple[list[TurnResult], TargetSession]:
-        """Answer each user turn in order; returns the turns' results and the session (all tokens, for tests)."""
+        """Answer each user turn in order; returns the turns' results and the session (all tokens, for tests).
+        A later turn whose prompt leaves no room for one round within the target's positions is not started, and
+        neither are the turns after it (a long conversation ends at the context limit)."""
         session = TargetSession(self.target, self.target_layer_ids)
         history: list[dict] = []
         results: list[TurnResult] = []
         for turn, user_text in enumerate(turns):
             if results:
-                session.extend(self._bridge(history, user_text, results[-1]))
+                bridge = self._bridge(history, user_text, results[-1])
+                if len(session.tokens) + len(bridge) + self.block_size > session.max_positions:
+                    break
+                session.extend(bridge)
                 answer = self.tokenizer.decode(results[-1].tokens, skip_special_tokens=True)
                 history.append({"role": "assistant", "content": answer})
             else:

@@ -3,9 +3,9 @@
 A suite file holds one JSON object per line with an id (``id``, or MT-Bench's ``question_id``), a ``category``
 and ``turns``, the list of user messages of one conversation. A suite is named on the command line by its path
 (named after the file), as ``NAME=PATH`` (a file written by ``deepspec suites prepare``, named ``NAME``), or as
-``tinyworld:NAME`` (``code``, ``prose``, ``math``), which resolves to ``DIR/suites/NAME.jsonl`` of a tiny world
-built by ``deepspec tinyworld build --out DIR``. A suite that cannot be read, or that holds no
-prompt (an empty file, ``max_prompts`` below 1), raises ``SuiteError`` with one line naming the file.
+``tinyworld:NAME`` (``code``, ``prose``, ``math``, or ``long``, the long-context suite), which resolves to
+``DIR/suites/NAME.jsonl`` of a tiny world built by ``deepspec tinyworld build --out DIR``. A suite that cannot be
+read, or that holds no prompt (an empty file, ``max_prompts`` below 1), raises ``SuiteError`` with one line naming the file.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from deepspec_train.errors import UserError
 
 TINYWORLD_PREFIX = "tinyworld:"
 TINYWORLD_SUITES = ("code", "prose", "math")
+# Multi-turn conversations that fill most of the target's positions; not one of the domain suites above, which
+# benchmarks decode by default.
+TINYWORLD_LONG_SUITE = "long"
 
 
 class SuiteError(UserError, ValueError):
@@ -42,8 +45,9 @@ def resolve_suite_path(spec: str, tinyworld_dir: Optional[str] = None) -> tuple[
     """``(suite name, file)`` for a path, a ``NAME=PATH`` or a ``tinyworld:NAME`` spec."""
     if spec.startswith(TINYWORLD_PREFIX):
         name = spec[len(TINYWORLD_PREFIX) :]
-        if name not in TINYWORLD_SUITES:
-            raise SuiteError(f"unknown tiny-world suite {name!r}; built-in suites: {', '.join(TINYWORLD_SUITES)}")
+        known = (*TINYWORLD_SUITES, TINYWORLD_LONG_SUITE)
+        if name not in known:
+            raise SuiteError(f"unknown tiny-world suite {name!r}; built-in suites: {', '.join(known)}")
         if tinyworld_dir is None:
             raise SuiteError(f"suite {spec!r} needs --tinyworld DIR (a directory made by `deepspec tinyworld build`)")
         return name, Path(tinyworld_dir) / "suites" / f"{name}.jsonl"

@@ -11,7 +11,10 @@ Definitions (as ``deepspec eval``'s report and ``evaluation.paired_bootstrap``):
   pooled per prompt) and recomputes every drafter's tau on that draw;
 - ``P(A_k | A_<k)`` per position (``evaluation.report.conditional_acceptance``);
 - draft cost: sequential decoder-layer passes per round (from the drafter's kind) and measured drafter time per
-  round, as CPU time of the decoding thread and as wall time, each with a bootstrap interval over prompts.
+  round, as CPU time of the decoding thread and as wall time, each with a bootstrap interval over prompts;
+- tau by position bucket (``evaluation.position_buckets``): per axis (answer index, conversation position), suite
+  and drafter, the tau and rounds of the rounds starting in each bucket, a bootstrap interval over prompts and the
+  paired ratio against the baseline.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from typing import Any, Optional
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau_ratios
 from deepspec_train.evaluation.drafter_comparison import draft_ms_per_round, markdown, tau_by_category, totals_by_category
+from deepspec_train.evaluation.position_buckets import (
+    POSITION_AXES, POSITION_BUCKETS, BucketStat, bucket_cell, position_stats,
+)
 from deepspec_train.evaluation.report import conditional_acceptance
 from deepspec_train.formats.eval_traces import TraceRound
 
@@ -56,6 +62,8 @@ class Table1:
     ratios: dict[str, dict[str, RatioEstimate]]
     acceptance: dict[str, dict[str, list[Optional[float]]]]
     cost: dict[str, DraftCost]
+    # axis -> drafter -> suite -> one BucketStat per POSITION_BUCKETS entry.
+    positions: dict[str, dict[str, dict[str, list[BucketStat]]]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +75,9 @@ class Table1:
             "draft_cost": {d: {"sequential_layer_passes": c.sequential_layer_passes, "cpu_ms": c.cpu_ms.to_dict(),
                                "wall_ms": c.wall_ms.to_dict(), "modeled_us_h200_batch1": c.modeled_us}
                            for d, c in self.cost.items()},
+            "tau_by_position": {axis: {d: {s: [b.to_dict() for b in stats] for s, stats in by_suite.items()}
+                                       for d, by_suite in by_drafter.items()}
+                                for axis, by_drafter in self.positions.items()},
         }
 
 
@@ -114,11 +125,21 @@ def build_table1(
                      (modeled_us or {}).get(d))
         for d in drafters
     }
+    # Traces written before rounds recorded their positions give no position tables.
+    positioned = all(r.answer_start is not None and r.context_start is not None for d in drafters for r in rows[d])
+    positions: dict[str, dict[str, dict[str, list[BucketStat]]]] = {}
+    for axis in POSITION_AXES.values() if positioned else ():
+        on_axis = positions.setdefault(axis.name, {d: {} for d in drafters})
+        for s in suites:
+            stats = position_stats({d: [r for r in rows[d] if r.suite == s] for d in drafters}, axis, baseline,
+                                   replicates, bootstrap_seed)
+            for d in drafters:
+                on_axis[d][s] = stats[d]
     return Table1(
         temperature=settings.temperature, seeds=settings.seeds, baseline=baseline, drafters=drafters, suites=suites,
         prompts={s: next(iter(totals[s].values())).emitted.size for s in suites},
         tau=by_drafter, macro_tau={d: sum(by_drafter[d].values()) / len(suites) for d in drafters},
-        ratios={d: estimates[(d, baseline)] for d in others}, acceptance=acceptance, cost=cost,
+        ratios={d: estimates[(d, baseline)] for d in others}, acceptance=acceptance, cost=cost, positions=positions,
     )
 
 
@@ -159,10 +180,24 @@ def cost_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
     return columns, body
 
 
+def position_rows(table: Table1, axis: str) -> tuple[list[str], list[list[str]]]:
+    """``drafter | suite | one cell per bucket``: tau [interval] (rounds) per drafter, then each other drafter's
+    paired ratio against the baseline."""
+    columns = ["", "suite", *(b.name for b in POSITION_BUCKETS)]
+    by_drafter = table.positions[axis]
+    body = [[f"tau {d}", s, *(bucket_cell(b) for b in by_drafter[d][s])] for d in table.drafters for s in table.suites]
+    body += [[f"{d} / {table.baseline}", s, *("-" if b.ratio is None else _interval(b.ratio) for b in by_drafter[d][s])]
+             for d in table.drafters if d != table.baseline for s in table.suites]
+    return columns, body
+
+
 def table1_markdown(table: Table1) -> str:
-    """The three tables of one temperature as markdown, under a heading naming temperature and seeds."""
+    """The tables of one temperature as markdown, under a heading naming temperature and seeds."""
     seeds = ", ".join(str(s) for s in table.seeds)
     parts = [f"## T = {table.temperature:g} (seeds {seeds}; baseline {table.baseline})", "",
              markdown(*tau_rows(table)), "", "P(A_k | A_<k), per position:", "", markdown(*acceptance_rows(table)),
              "", "Draft cost (measured on this machine; modeled at production widths):", "", markdown(*cost_rows(table))]
+    for axis in (POSITION_AXES[name] for name in table.positions):
+        parts += ["", f"tau by {axis.label} (rounds starting in each bucket; 95% bootstrap over prompts):", "",
+                  markdown(*position_rows(table, axis.name))]
     return "\n".join(parts)

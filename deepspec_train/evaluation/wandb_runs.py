@@ -7,6 +7,10 @@ Every run logs the same keys, which is what lets W&B overlay the runs of a group
   line panels show each suite's acceptance curve of every drafter;
 - in the summary: ``eval/T<t>/tau/<suite>``, ``eval/T<t>/tau/macro_avg`` and, for drafters other than the
   baseline, ``eval/T<t>/ratio/<suite>`` with ``_low`` / ``_high`` interval ends;
+- in the summary, per position axis and bucket (``evaluation.position_buckets``):
+  ``eval/T<t>/tau_by_<axis>_position/<suite>/<bucket>`` with ``_low`` / ``_high`` and ``_rounds``, and for
+  drafters other than the baseline ``eval/T<t>/ratio_by_<axis>_position/<suite>/<bucket>`` with its interval
+  (buckets without rounds left out);
 - ``eval/T<t>/table1``: the whole Table 1 (all drafters, every suite), ``eval/T<t>/tau_per_suite``: a bar chart
   of this drafter's tau per suite, ``eval/T<t>/acceptance_curves``: its per-position curves, one line per suite,
   and the comparison's PNGs.
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from deepspec_train.evaluation.paired_bootstrap import RatioEstimate
 from deepspec_train.evaluation.table1 import MACRO, Table1, tau_rows
 from deepspec_train.metrics.sinks import WandbSink
 
@@ -39,9 +44,33 @@ def position_metrics(tables: Sequence[Table1], drafter: str, k: int) -> dict[str
     return metrics
 
 
+def _with_interval(metrics: dict[str, float], key: str, value: float, estimate: Optional[RatioEstimate]) -> None:
+    metrics[key] = value
+    if estimate is not None:
+        metrics[f"{key}_low"], metrics[f"{key}_high"] = estimate.low, estimate.high
+
+
+def position_summary(table: Table1, drafter: str) -> dict[str, float]:
+    """This drafter's tau (and ratio against the baseline) per position axis, suite and bucket."""
+    metrics: dict[str, float] = {}
+    for axis, by_drafter in table.positions.items():
+        for suite, buckets in by_drafter[drafter].items():
+            for b in buckets:
+                if b.tau is None:
+                    continue
+                key = f"{_prefix(table)}/tau_by_{axis}_position/{suite}/{b.bucket}"
+                _with_interval(metrics, key, b.tau, b.interval)
+                metrics[f"{key}_rounds"] = b.rounds
+                if b.ratio is not None:
+                    _with_interval(metrics, f"{_prefix(table)}/ratio_by_{axis}_position/{suite}/{b.bucket}",
+                                   b.ratio.value, b.ratio)
+    return metrics
+
+
 def summary_metrics(tables: Sequence[Table1], drafter: str) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for table in tables:
+        metrics.update(position_summary(table, drafter))
         prefix = _prefix(table)
         metrics.update({f"{prefix}/tau/{s}": v for s, v in table.tau[drafter].items()})
         metrics[f"{prefix}/tau/{MACRO.replace(' ', '_')}"] = table.macro_tau[drafter]

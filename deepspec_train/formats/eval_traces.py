@@ -9,7 +9,9 @@ without a confidence head) and ``target_accept_probs`` (the target's acceptance 
 null or absent in traces written before they existed: ``analytic_accept`` (K values, the analytic acceptance
 ``c*_k = sum min(p_k, q_k)`` of each position given the drafted prefix), ``draft_seconds`` /
 ``draft_cpu_seconds`` (wall time of the drafter's call for the round, and the calling thread's CPU time during
-it) and ``seed`` (the sampling seed, when a benchmark pools several).
+it), ``seed`` (the sampling seed, when a benchmark pools several), ``answer_start`` (answer tokens of this
+turn emitted before the round) and ``context_start`` (the position of the round's anchor in the conversation:
+every prompt, bridge and answer token before it), which ``evaluation.position_buckets`` groups rounds by.
 ``write_traces`` and ``read_traces`` are the only code that knows this layout; a malformed line fails reading
 with one line naming ``file:line``.
 """
@@ -44,6 +46,8 @@ class TraceRound:
     draft_seconds: Optional[float] = None
     draft_cpu_seconds: Optional[float] = None
     seed: Optional[int] = None
+    answer_start: Optional[int] = None
+    context_start: Optional[int] = None
 
     @property
     def request(self) -> tuple[str, str, int]:
@@ -91,6 +95,8 @@ def parse_round(row: dict) -> TraceRound:
         draft_seconds=_optional_number(row.get("draft_seconds"), "draft_seconds", float),
         draft_cpu_seconds=_optional_number(row.get("draft_cpu_seconds"), "draft_cpu_seconds", float),
         seed=_optional_number(row.get("seed"), "seed", int),
+        answer_start=_optional_number(row.get("answer_start"), "answer_start", int),
+        context_start=_optional_number(row.get("context_start"), "context_start", int),
     )
 
 

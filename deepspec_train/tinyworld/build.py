@@ -9,6 +9,8 @@ Layout written under ``out``::
     conversations/train.jsonl      drafter training set: target-trained prompts, answers by the target
     conversations/validation.jsonl drafter validation set: held-out prompts, answers by the target
     suites/{code,prose,math}.jsonl held-out prompts (``id``, ``category``, ``turns``) for the evaluator
+    suites/long.jsonl              long-context suite: those prompts chained into multi-turn conversations that
+                                   fill most of the target's positions (``tinyworld.long_suite``)
     build_report.json              timings, parameter count, held-out losses and unigram entropies, config
 
 Validation conversations and suite prompts come from disjoint halves of the held-out set, so neither the
@@ -34,6 +36,7 @@ from deepspec_train.regenerate.local_backend import LocalBackend
 from deepspec_train.regenerate.runner import regenerate_file
 from deepspec_train.regenerate.sampling import SamplingParams
 from deepspec_train.tinyworld.corpus import DOMAINS, build_corpus, split_heldout
+from deepspec_train.tinyworld.long_suite import long_suite_rows
 from deepspec_train.tinyworld.presets import TinyWorldPreset
 from deepspec_train.tinyworld.target_training import (
     assistant_tokens,
@@ -147,8 +150,11 @@ def build_tiny_world(
     clock = time.perf_counter()
     rng = random.Random(f"{seed}-regenerate")
     validation_by_domain = {d: rows[: len(rows) // 2] for d, rows in heldout_by_domain.items()}
+    suite_pool = []
     for domain, rows in heldout_by_domain.items():
         write_jsonl(out / "suites" / f"{domain}.jsonl", suite_rows(rows[len(rows) // 2 :]))
+        suite_pool.extend(rows[len(rows) // 2 :])
+    write_jsonl(out / "suites" / "long.jsonl", long_suite_rows(suite_pool, tokenizer, preset.long_suite_prompts, seed))
     sources = {
         "train": balanced_sample(train_by_domain, preset.regen_train, rng),
         "validation": balanced_sample(validation_by_domain, preset.regen_validation, rng),

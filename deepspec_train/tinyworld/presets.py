@@ -47,6 +47,8 @@ class TinyWorldPreset:
     regen_top_p: float
     regen_top_k: int
     regen_batch_size: int
+    # Conversations of the long-context suite (``suites/long.jsonl``, ``tinyworld.long_suite``).
+    long_suite_prompts: int
 
 
 TEST = TinyWorldPreset(
@@ -75,6 +77,7 @@ TEST = TinyWorldPreset(
     regen_top_p=0.95,
     regen_top_k=50,
     regen_batch_size=12,
+    long_suite_prompts=6,
 )
 
 # ``small`` is sized for the compute a 2-core CPU gives in a few minutes (~2.5e13 FLOPs): at that budget a
@@ -120,6 +123,7 @@ SMALL = TinyWorldPreset(
     regen_top_p=1.0,
     regen_top_k=0,
     regen_batch_size=64,
+    long_suite_prompts=24,
 )
 
 PRESETS: dict[str, TinyWorldPreset] = {p.name: p for p in (TEST, SMALL)}
