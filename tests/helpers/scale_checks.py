@@ -1,10 +1,20 @@
-"""Checks the scale-model tiers share (Qwen3's ``tests/test_scale_tier.py`` and the other families'
-``tests/test_family_scale_tier.py``): which recipe keys a tier may change, and the disk the final checkpoint takes."""
+"""Checks the scale-model tiers share (Qwen3's ``tests/test_scale_tier.py``, the other families'
+``tests/test_family_scale_tier.py`` and the long-context ``tests/test_long_context_tier.py``): which recipe keys a
+tier may change, the disk the final checkpoint takes, and that an export reloads to the trained drafter."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+
+import torch
+
+from deepspec_train.formats.drafter_loader import load_exported_drafter
+from deepspec_train.jobs.assembly import chunk_builder, validation_pass, validation_plan
+from deepspec_train.packing.batch import PackedBatch
+from deepspec_train.target.hidden_states import TargetTap
+from deepspec_train.target.loading import load_target_model
+from tests.helpers.tiny_drafter import drafter_outputs
 
 # The recipe keys the tier may change: paths, sizes, step count, the logging of a test run, and the topology: one
 # target worker without a tensor-parallel group (groups are tested in test_target_groups.py).
@@ -31,3 +41,21 @@ def flat_config(tree: dict, prefix: str = "") -> dict[str, object]:
         else:
             flat[f"{prefix}{key}"] = value
     return flat
+
+
+def validation_batch(cfg, rows) -> PackedBatch:
+    """The first validation micro-batch of ``rows`` (token rows of the data path) with real target features, as
+    the trainer's validation builds it."""
+    device = torch.device("cpu")
+    tap = TargetTap(load_target_model(cfg.target, device), cfg.target.layer_ids)
+    return validation_pass(validation_plan(cfg, rows, 0, 1), chunk_builder(cfg, tap, device))()[0]
+
+
+def assert_export_reloads(trained_dir: Path, export_dir: Path, target: str, batch: PackedBatch) -> None:
+    """The export's reloaded module computes what the trained one does (at the export's bf16 weights) on ``batch``:
+    slot logits and, for DSpark, confidences."""
+    trained = load_exported_drafter(trained_dir, target).module.to(torch.bfloat16).float()
+    reloaded = load_exported_drafter(export_dir, target, dtype=torch.float32).module
+    expected, got = drafter_outputs(trained, batch), drafter_outputs(reloaded, batch)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
