@@ -99,9 +99,10 @@ def target_case(seq_len: int, eager: bool) -> dict:
 
     def build(ids: torch.Tensor):
         ctx, final = run_target(tap, [ids], torch.device("cpu"))[0]
-        items = [dataclasses.replace(item, input_ids=ids, ctx_features=ctx, final_hidden=final)]
         if ids.numel() < seq_len:
+            # The warm-up: the target only (the planned groups are the full sequence's).
             return None
+        items = [dataclasses.replace(item, input_ids=ids, ctx_features=ctx, final_hidden=final)]
         return build_packed_batch(items, groups, cfg.drafter.block_size, cfg.drafter.mask_token_id)
 
     peak = measured_peak(lambda: build(item.input_ids), lambda: build(item.input_ids[:64]))
@@ -148,11 +149,10 @@ def loss_case(chunk_rows: int) -> dict:
     """``selected_logit_loss`` over one chunk of ``chunk_rows`` rows (Markov head, confidence head) under autocast,
     gradients included; predicted: the loss-chunk term for that chunk size."""
     from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRows, selected_logit_loss
+    from deepspec_train.sizing import long_context_memory
 
     cfg, hf_config, drafter, _, _ = _setup(1024)
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, chunk_size=chunk_rows))
-    from deepspec_train.sizing import long_context_memory
-
     memory = long_context_memory(cfg, hf_config, 1024, drafter)[1]
     gen = torch.Generator().manual_seed(0)
     d, vocab, rank = hf_config.hidden_size, hf_config.vocab_size, cfg.drafter.markov_rank
