@@ -31,6 +31,7 @@ import torch
 from deepspec_train.config.rules import tensor_parallel_problems
 from deepspec_train.config.schema import DSPARK_LABELS, RecipeConfig
 from deepspec_train.kinds.registry import kind_spec
+from deepspec_train import long_context_memory as lcm
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.packing.packer import plan_micro_batches
 
@@ -453,6 +454,79 @@ def cluster_row(recipe: str, target: Optional[str], nodes: int, seq_len: int,
     return row
 
 
+def long_context_recipe(recipe: str, seq_len: int) -> RecipeConfig:
+    """``recipe`` at ``seq_len`` tokens: one sequence per target forward (``train.micro_batch_sequences=1``) and a
+    token budget that packs a whole nominal sequence's blocks in one micro-batch (``L + anchors * B``); a budget of
+    only ``L + B`` splits it into several micro-batches that each carry most of the context again."""
+    import dataclasses
+
+    from deepspec_train.validation import load_recipe
+
+    cfg = load_recipe(recipe, check_target=False)
+    budget = max(cfg.anchors.token_budget, seq_len + cfg.anchors.num_per_sequence * cfg.drafter.block_size)
+    return dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, max_length=seq_len),
+        anchors=dataclasses.replace(cfg.anchors, token_budget=budget),
+        train=dataclasses.replace(cfg.train, micro_batch_sequences=1))
+
+
+def long_context_memory(
+    cfg: RecipeConfig, hf_config: Any, seq_len: int, drafter: Optional[torch.nn.Module] = None
+) -> tuple[lcm.TargetRankMemory, lcm.DrafterRankMemory]:
+    """The target rank's and the drafter rank's memory terms for one nominal sequence of ``seq_len`` tokens
+    (``drafter``: the recipe's drafter, built on the meta device when not given)."""
+    from deepspec_train.models.activation_checkpointing import CONTEXT_CHUNK_ROWS
+    from deepspec_train.models.geometry import geometry_from_target_config
+
+    geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
+    value_bytes, taps, d = feature_bytes_per_value(cfg), len(cfg.target.layer_ids), geometry.hidden_size
+    payload = payload_bytes(cfg, geometry, 1, seq_len, cfg.anchors.num_per_sequence)
+    if payload.micro_batches != 1:
+        raise ValueError(f"a nominal {seq_len}-token sequence takes {payload.micro_batches} micro-batches")
+    ctx_rows, slots = payload.context_rows, payload.blocks * cfg.drafter.block_size
+    target = lcm.TargetRankMemory(
+        seq_len, value_bytes * target_total_params(hf_config),
+        lcm.target_layer_transient_bytes(hf_config, seq_len, value_bytes),
+        lcm.eager_attention_bytes(hf_config, seq_len, value_bytes),
+        taps * lcm.kept_states_bytes(0, d, seq_len, value_bytes), lcm.kept_states_bytes(0, d, seq_len, value_bytes),
+        lcm.packed_build_bytes(taps, d, ctx_rows, payload.supervised, value_bytes),
+        stream_bytes_in_flight(cfg, geometry, seq_len))
+    drafter = drafter if drafter is not None else meta_drafter(cfg, hf_config)
+    trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    layers = cfg.drafter.num_layers
+    saved = [lcm.drafter_shared_saved_bytes(geometry, taps, ctx_rows, slots, ckpt)
+             + lcm.drafter_saved_bytes(geometry, layers, ctx_rows, slots, ckpt) for ckpt in (False, True)]
+    state = drafter_worker_bytes(drafter, hf_config.vocab_size * d) + lcm.BF16 * trainable
+    # Bytes per context row while ``fc`` runs: the fp32 upcast of the features and autocast's bf16 copy of it.
+    projection = taps * d * (lcm.FP32 + lcm.BF16)
+    drafter_memory = lcm.DrafterRankMemory(
+        seq_len, state, payload.largest_micro_batch_bytes, projection * ctx_rows,
+        projection * min(ctx_rows, CONTEXT_CHUNK_ROWS),
+        saved[0], saved[1], lcm.dense_mask_bytes(ctx_rows, slots, layers, False),
+        lcm.dense_mask_bytes(ctx_rows, slots, layers, True), lcm.block_mask_bytes(ctx_rows, slots),
+        lcm.loss_chunk_bytes(min(cfg.loss.chunk_size, payload.supervised), geometry.vocab_size, d,
+                             cfg.drafter.markov_rank))
+    return target, drafter_memory
+
+
+def long_context_rows() -> list[dict[str, Any]]:
+    """The docs' long-context table: every term of both ranks (GB) for Qwen3-8B and 14B at 8K, 32K and 128K."""
+    rows = []
+    for recipe, name in lcm.LONG_CONTEXT_TARGETS:
+        for seq_len in lcm.LONG_CONTEXT_LENGTHS:
+            cfg = long_context_recipe(recipe, seq_len)
+            target, drafter = long_context_memory(cfg, reference_target_config(cfg, name), seq_len)
+            row: dict[str, Any] = {"target": name, "seq_len": seq_len}
+            row |= {f"target {t.name}": t.bytes / 1e9 for t in target.terms()}
+            row |= {"target peak": target.peak_bytes() / 1e9, "target peak streamed": target.peak_bytes(True) / 1e9,
+                    "target peak eager": target.peak_bytes(eager=True) / 1e9}
+            row |= {f"drafter {t.name}": t.bytes / 1e9 for t in drafter.terms()}
+            row |= {"drafter peak": drafter.peak_bytes(False) / 1e9,
+                    "drafter peak checkpointed": drafter.peak_bytes(True) / 1e9}
+            rows.append(row)
+    return rows
+
+
 def _print_table(columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
     print("| " + " | ".join(title for _, title in columns) + " |")
     print("|" + "---|" * len(columns))
@@ -502,6 +576,9 @@ def main() -> None:
     _print_table(columns, [
         cluster_row(recipe, target, nodes, 2048) for recipe, target in CLUSTER_TARGETS for nodes in (1, 2, 4)
     ])
+    print("\n### Long context: GB per GPU of a target rank and a drafter rank (one sequence per target forward)\n")
+    rows = long_context_rows()
+    _print_table([(key, key) for key in rows[0]], rows)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from deepspec_train.validation import load_recipe
+from deepspec_train.config.loader import load_recipe_section
 from deepspec_train.config.rules import launch_problems, tensor_parallel_problems
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.models.geometry import geometry_from_target_config
@@ -41,12 +42,17 @@ from deepspec_train.sizing import (
     target_flops_per_sequence,
     target_total_params,
 )
+from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
+from tests.helpers.scale_checks import flat_config
 from tests.helpers.tiny_geometry import tiny_qwen3_config
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = {"4b": "Qwen3-4B", "8b": "Qwen3-8B", "14b": "Qwen3-14B"}
 MOE_RECIPES = {"qwen3-30b-a3b": "Qwen3-30B-A3B", "qwen3-235b-a22b": "Qwen3-235B-A22B"}
+# The long-context recipes and the recipe each is at 4,096 tokens.
+LONG_CONTEXT_RECIPES = {"qwen3-8b-32k": "qwen3-8b", "qwen3-8b-eagle3-32k": "qwen3-8b-eagle3"}
 RECIPES = [f"qwen3-{size}{variant}" for size in SIZES for variant in ("", "-dflash", "-eagle3")] + list(MOE_RECIPES)
+RECIPES += list(LONG_CONTEXT_RECIPES)
 
 
 def _model_name(recipe: str) -> str:
@@ -75,7 +81,7 @@ def test_recipe_has_design_values(recipe: str) -> None:
     t = cfg.train
     assert (t.lr, t.warmup_frac, t.global_batch_sequences, t.epochs, t.grad_clip) == (6e-4, 0.04, 512, 10.0, 1.0)
     assert t.mixed_precision == "bf16" and t.max_steps is None
-    if recipe.endswith("-eagle3"):
+    if "-eagle3" in recipe:
         assert cfg.target.layer_ids == [1, num_layers // 2 - 1, num_layers - 4]
         d = cfg.drafter
         assert (d.kind, d.num_layers, d.ttt_steps, d.ttt_decay, d.draft_vocab_size) == ("eagle3", 1, 7, 0.8, 32000)
@@ -312,3 +318,26 @@ def test_scale_target_widths_follow_one_factor(name: str) -> None:
         reference.num_hidden_layers, reference.num_attention_heads, 151936, reference.tie_word_embeddings)
     with pytest.raises(ValueError, match="does not divide the widths"):
         shrink_dense_qwen3(reference, head_dim=3)
+
+
+# What a long-context recipe may change from its 4,096-token one: the run, the (thinking) data, its length, the
+# packer's budget and activation checkpointing; the drafter, loss and schedule are the same.
+LONG_CONTEXT_KEYS = {"run.name", "run.output_dir", "data.train", "data.validation", "data.max_length",
+                     "data.enable_thinking", "anchors.token_budget", "drafter.activation_checkpointing"}
+# data/prepare_open_perfectblend.py --max-prompt-tokens 2048 (data/README.md).
+MAX_PROMPT_TOKENS = 2048
+
+
+@pytest.mark.parametrize("recipe, short", list(LONG_CONTEXT_RECIPES.items()))
+def test_long_context_recipe_is_its_short_one_at_32k(recipe: str, short: str) -> None:
+    long_cfg, short_cfg = load_recipe(recipe, check_target=False), load_recipe(short, check_target=False)
+    got, base = flat_config(dataclasses.asdict(long_cfg)), flat_config(dataclasses.asdict(short_cfg))
+    assert {key for key in got if got[key] != base[key]} == LONG_CONTEXT_KEYS
+    assert long_cfg.data.max_length == 32768 and long_cfg.data.enable_thinking
+    assert long_cfg.drafter.activation_checkpointing
+    assert long_cfg.anchors.token_budget >= long_cfg.data.max_length + long_cfg.drafter.block_size
+    regenerate = load_recipe_section(recipe, SECTION, RegenerateConfig)
+    assert regenerate.enable_thinking
+    # The longest prompt and its answer fit the training length, and the answer may use nearly all of it.
+    assert MAX_PROMPT_TOKENS + regenerate.max_new_tokens == long_cfg.data.max_length
+    assert all("thinking" in source for source in long_cfg.data.train + long_cfg.data.validation)

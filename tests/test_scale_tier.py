@@ -61,19 +61,20 @@ from deepspec_train.kinds.layout_registry import layout_of_config
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter
-from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
+from deepspec_train.jobs.assembly import load_token_datasets
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.scale_targets import SCALE_HEAD_DIM, SCALE_TARGETS, scale_target_config
-from deepspec_train.target.hidden_states import TargetTap
-from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
-from tests.helpers.tiny_drafter import drafter_outputs
 from tests.helpers.qwen3_tokenizer import QWEN3_TOKEN_IDS
-from tests.helpers.scale_checks import CHANGED_KEYS, drop_final_checkpoint, flat_config
+from tests.helpers.long_context_world import LONG_CONTEXT_TIER
+from tests.helpers.scale_checks import (
+    CHANGED_KEYS, assert_export_reloads, drop_final_checkpoint, flat_config, validation_batch,
+)
 from tests.helpers.scale_world import (
     SCALE_TIER, TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, build_scale_world, scale_overrides,
 )
-from tests.helpers.streaming_world import free_port, read_logs, start_ranks, step_losses, wait_all
+from tests.helpers.scale_streamed_ranks import launch_streamed
+from tests.helpers.streaming_world import free_port, step_losses
 
 # One intra-op thread here, as in the streamed ranks: the colocated and streamed runs then reduce in the same order
 # and their final weights are bit-identical, not only their losses.
@@ -81,29 +82,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 # Config entries that record where and how a config was saved, not the architecture.
 SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
-STREAMED_TIMEOUT_S = 900
-
-
-class StreamedLaunch:
-    """The one 2-process launch that runs every recipe streamed; ``output_dir`` waits for it to finish."""
-
-    def __init__(self, procs, outputs: dict[str, Path], log_dir: Path) -> None:
-        self.procs, self.outputs, self.log_dir = procs, outputs, log_dir
-        self.codes: list[int] | None = None
-
-    def output_dir(self, recipe: str) -> Path:
-        if self.codes is None:
-            self.codes = wait_all(self.procs, STREAMED_TIMEOUT_S)
-        assert self.codes == [0, 0], f"exit codes {self.codes}\n{read_logs(self.log_dir, 2)[-6000:]}"
-        return self.outputs[recipe]
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-
 @pytest.fixture(scope="session")
 def scale_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("scale_tier")
@@ -124,17 +102,12 @@ def _overrides(worlds: dict, root: Path, recipe: str, mode: str, **extra: object
 
 @pytest.fixture(scope="session")
 def streamed_launch(scale_root: Path, scale_worlds: dict):
-    runs, outputs = [], {}
+    runs = {}
     for recipe in SCALE_TIER:
         argv = [f"recipe={recipe}", *_overrides(scale_worlds, scale_root, recipe, "streamed",
                                                 **{"topology.target_workers": 1, "topology.target_tp": 1})]
-        runs.append({"port": free_port(), "argv": argv})
-        outputs[recipe] = scale_root / "runs" / recipe / "streamed"
-    runs_file = scale_root / "streamed_runs.json"
-    runs_file.write_text(json.dumps(runs))
-    log_dir = scale_root / "streamed_logs"
-    launch = StreamedLaunch(start_ranks(["-m", "tests.helpers.scale_streamed_ranks", str(runs_file)], 2, log_dir),
-                            outputs, log_dir)
+        runs[recipe] = {"port": free_port(), "argv": argv, "output_dir": scale_root / "runs" / recipe / "streamed"}
+    launch = launch_streamed(runs, scale_root)
     yield launch
     launch.stop()
 
@@ -158,7 +131,9 @@ def colocated_runs(scale_root: Path, scale_worlds: dict):
 
 
 def test_tier_covers_every_production_recipe() -> None:
-    assert sorted(SCALE_TIER) == sorted(PRODUCTION_RECIPES)
+    # The 32K recipes train at length in the long-context tier (tests/test_long_context_tier.py).
+    assert sorted(SCALE_TIER | LONG_CONTEXT_TIER) == sorted(PRODUCTION_RECIPES)
+    assert not SCALE_TIER.keys() & LONG_CONTEXT_TIER.keys()
     for recipe, target in SCALE_TIER.items():
         assert Path(load_recipe(recipe, check_target=False).target.path).name == target
 
@@ -199,9 +174,7 @@ def _validation_batch(cfg):
     datasets = load_token_datasets(cfg, ctx)
     # The data path kept every conversation (none refused by the template or cut by data.max_length).
     assert (len(datasets["train"]), len(datasets["validation"])) == (TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS)
-    rows = datasets["validation"]
-    tap = TargetTap(load_target_model(cfg.target, ctx.device), cfg.target.layer_ids)
-    return validation_pass(validation_plan(cfg, rows, 0, 1), chunk_builder(cfg, tap, ctx.device))()[0]
+    return validation_batch(cfg, datasets["validation"])
 
 
 @pytest.mark.parametrize("recipe", list(SCALE_TIER))
@@ -223,12 +196,7 @@ def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
     assert deepspec(argv) == 0
     printed = capsys.readouterr().out
 
-    trained = load_exported_drafter(run_dir / "drafter", target).module.to(torch.bfloat16).float()
-    reloaded = load_exported_drafter(export_dir, target, dtype=torch.float32).module
-    batch = _validation_batch(cfg)
-    expected, got = drafter_outputs(trained, batch), drafter_outputs(reloaded, batch)
-    assert expected.keys() == got.keys()
-    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    assert_export_reloads(run_dir / "drafter", export_dir, target, _validation_batch(cfg))
 
     config = json.loads((export_dir / "config.json").read_text())
     _check_export_fields(config, cfg)
@@ -306,12 +274,9 @@ def test_sequential_markov_heads_export_for_sglang_only(head_type: str, scale_ro
     config = json.loads((export_dir / "config.json").read_text())
     assert config["markov_head_type"] == head_type
     _check_export_fields(config, cfg)
-    trained = load_exported_drafter(trained_dir / "drafter", cfg.target.path).module.to(torch.bfloat16).float()
     reloaded = load_exported_drafter(export_dir, cfg.target.path, dtype=torch.float32).module
     assert reloaded.markov_head.head_type == head_type
-    batch = _validation_batch(cfg)
-    expected, got = drafter_outputs(trained, batch), drafter_outputs(reloaded, batch)
-    assert expected.keys() == got.keys() and all(torch.equal(expected[name], got[name]) for name in expected)
+    assert_export_reloads(trained_dir / "drafter", export_dir, cfg.target.path, _validation_batch(cfg))
 
     readings = {r.engine: r for r in check_export_dir(export_dir, cfg.target.path)}
     assert readings["sglang"].unserved is None and readings["sglang"].captured_layers == cfg.target.layer_ids

@@ -97,6 +97,12 @@ class DrafterConfig:
     # release, an export or a training output): its weights and heads are loaded, the optimizer starts fresh, and
     # its shapes and vocabulary must fit this recipe's drafter and target (``models.init_from``).
     init_from: Optional[str] = None
+    # Recompute activations in backward instead of keeping them (``models.activation_checkpointing``): each
+    # DSpark / DFlash backbone layer, each EAGLE-3 TTT step and the context projection (``fc`` in row chunks) keep
+    # only their inputs. Same losses and gradients, less memory at long context for one more forward (the long
+    # context recipes turn it on; numbers in docs/benchmarks.md). Not part of the run identity: a run may resume
+    # with it switched.
+    activation_checkpointing: bool = False
 
 
 @dataclass

@@ -23,6 +23,8 @@ from deepspec_train.sizing import FAMILY_RECIPES, meta_drafter, reference_target
 PRODUCTION_RECIPES = (
     *(f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")),
     "qwen3-8b-v32k",
+    "qwen3-8b-32k",
+    "qwen3-8b-eagle3-32k",
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
 )

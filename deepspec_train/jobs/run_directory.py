@@ -1,7 +1,7 @@
 """One run per output directory: what a run directory holds, who may write into it, and how a run is identified.
 
 A run writes ``run_identity.json`` into ``run.output_dir`` when it starts: the fields of the resolved recipe that
-change the model or the data (``IDENTITY_KEYS``: the drafter, its target and taps, the data files and their
+change the model or the data (``IDENTITY_KEYS``: the drafter but its activation checkpointing, its target and taps, the data files and their
 rendering, anchors, seed, how sequences are batched, and the loss's distance term and normaliser), a hash of them and of the whole resolved config, and the
 start time. Before anything loads, every rank checks the directory the same way (``output_dir_problems``,
 read-only, so all ranks reach the same verdict):
@@ -41,6 +41,8 @@ IDENTITY_KEYS = (
     "data.enable_thinking", "data.supervise_reasoning", "anchors", "run.seed", "train.global_batch_sequences",
     "train.micro_batch_sequences", "loss.distance", "loss.normalizer",
 )
+# Identity keys that change only how the same training is computed (memory against time), not its result.
+IDENTITY_EXEMPT = ("drafter.activation_checkpointing",)
 # What a directory holds once a run has trained in it (checkpoints are checked separately).
 RUN_MARKERS = ("metrics.jsonl", "summary.json", "drafter")
 
@@ -63,7 +65,7 @@ def identity_fields(cfg: RecipeConfig) -> dict[str, Any]:
         for part in key.split("."):
             node = node[part]
         fields.update(_flatten(node, key))
-    return fields
+    return {key: value for key, value in fields.items() if key not in IDENTITY_EXEMPT}
 
 
 def _digest(data: Any) -> str:

@@ -21,6 +21,7 @@ Parameter names are SGLang's ``LlamaForCausalLMEagle3`` layout (``midlayer.*``, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Union
 
 import torch
@@ -28,6 +29,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.models.activation_checkpointing import checkpointed, row_chunked
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.parallel_drafter import DrafterOutput
@@ -170,6 +172,9 @@ class Eagle3Drafter(nn.Module):
         self.target_layer_ids = list(target_layer_ids)
         self.ttt_steps = drafter_cfg.ttt_steps
         self.ttt_decay = drafter_cfg.ttt_decay
+        # Recompute each TTT step and the context entries' keys / values in backward
+        # (``models.activation_checkpointing``).
+        self.activation_checkpointing = drafter_cfg.activation_checkpointing
         self.embed_tokens = nn.Embedding(geometry.vocab_size, d)
         self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
@@ -227,7 +232,6 @@ class Eagle3Drafter(nn.Module):
         if batch.ctx_features.shape[-1] != width:
             raise ValueError(f"ctx_features width {batch.ctx_features.shape[-1]} != taps * hidden ({width})")
         nb = batch.num_blocks
-        attn = self.midlayer.self_attn
         entries, ctx_k, ctx_v, hidden, seq_len = self._context_and_first_hidden(batch, num_steps)
 
         device = hidden.device
@@ -236,23 +240,43 @@ class Eagle3Drafter(nn.Module):
         keys, values, outputs = [ctx_k], [ctx_v], []
         for k in range(num_steps):
             positions = batch.block_anchor + k
-            cos, sin = self.rotary.cos_sin(positions, seq_len)
-            x = self.midlayer.fused_input(self.embed_tokens(batch.block_prev[:, k]), hidden)
-            q = attn.queries(x, cos, sin)
-            step_k, step_v = attn.keys_values(x, cos, sin)
-            keys.append(step_k)
-            values.append(step_v)
+            rotary = self.rotary.cos_sin(positions, seq_len)
             kv_block.append(q_block)
             kv_seq.append(batch.block_seq)
             kv_pos.append(positions)
             mask = self._step_mask(batch, q_block, torch.cat(kv_block), torch.cat(kv_seq), torch.cat(kv_pos), attention)
-            compiled = attention == "flex" and q.is_cuda
-            attended = attend(q, torch.cat(keys, dim=2), torch.cat(values, dim=2), mask, attention, compiled)
-            hidden = self.midlayer.finish(hidden, attn.output(attended))
+            # Snapshots of the key / value lists: a recompute in backward must see the steps before this one only.
+            hidden, step_k, step_v = checkpointed(
+                self._ttt_step, batch.block_prev[:, k], hidden, rotary, tuple(keys), tuple(values), mask, attention,
+                enabled=self.activation_checkpointing,
+            )
+            keys.append(step_k)
+            values.append(step_v)
             outputs.append(hidden)
         if not outputs:
             return hidden.new_zeros(nb, 0, self.geometry.hidden_size)
         return torch.stack(outputs, dim=1)
+
+    def _ttt_step(
+        self,
+        tokens: torch.Tensor,
+        hidden: torch.Tensor,
+        rotary: tuple[torch.Tensor, torch.Tensor],
+        past_keys: tuple[torch.Tensor, ...],
+        past_values: tuple[torch.Tensor, ...],
+        mask: Union[torch.Tensor, BlockMask],
+        attention: str,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One TTT step of every block: consumes ``tokens [Nb]`` and the previous hidden ``[Nb, d]``, attends over
+        the keys / values before it and its own; returns (pre-norm hidden, its keys, its values)."""
+        attn = self.midlayer.self_attn
+        x = self.midlayer.fused_input(self.embed_tokens(tokens), hidden)
+        q = attn.queries(x, *rotary)
+        step_k, step_v = attn.keys_values(x, *rotary)
+        compiled = attention == "flex" and q.is_cuda
+        keys, values = torch.cat([*past_keys, step_k], dim=2), torch.cat([*past_values, step_v], dim=2)
+        attended = attend(q, keys, values, mask, attention, compiled)
+        return self.midlayer.finish(hidden, attn.output(attended)), step_k, step_v
 
     def _context_and_first_hidden(
         self, batch: PackedBatch, num_steps: int
@@ -266,7 +290,8 @@ class Eagle3Drafter(nn.Module):
         if batch.num_blocks and num_steps:
             last.append((batch.block_anchor + num_steps - 1).max())
         seq_len = int(torch.stack(last).max()) + 1 if self.rotary.dynamic and last else 0
-        ctx_k, ctx_v = self.entry_kv(entries.tokens, entries.features, entries.pos, seq_len)
+        ctx_k, ctx_v = row_chunked(partial(self.entry_kv, seq_len=seq_len),
+                                   [entries.tokens, entries.features, entries.pos], 2, self.activation_checkpointing)
         prev_row, found = _row_lookup(batch, batch.block_seq, batch.block_anchor - 1)
         if not bool(found.all()):
             raise ValueError("every block needs the target feature at position a-1 among its context rows")

@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from deepspec_train.config.schema import MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
+from deepspec_train.models.activation_checkpointing import checkpointed, row_chunked
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.models.qwen3_layers import AttentionBackend, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, attend
@@ -260,6 +261,8 @@ class ParallelDrafter(nn.Module):
         self.markov_init = drafter_cfg.markov_init
         # Whether the confidence BCE trains the features it reads (DeepSpec: yes) or only the head's own weights.
         self.confidence_joint = drafter_cfg.confidence_gradient == "joint"
+        # Recompute each backbone layer and the context projection in backward (``models.activation_checkpointing``).
+        self.activation_checkpointing = drafter_cfg.activation_checkpointing
 
         self.embed_tokens = nn.Embedding(vocab, d)
         self.fc = nn.Linear(len(self.target_layer_ids) * d, d, bias=False)
@@ -325,10 +328,15 @@ class ParallelDrafter(nn.Module):
         mask = flex_block_mask(batch) if attention == "flex" else dense_mask(batch)
         rotary = self._rotary(batch)
         x = self.embed_tokens(batch.block_input.reshape(1, -1))
-        ctx = self.hidden_norm(self.fc(batch.ctx_features.to(self.fc.weight.dtype))).unsqueeze(0)
+        recompute = self.activation_checkpointing
+        ctx = row_chunked(self._context_states, [batch.ctx_features], 0, recompute)[0].unsqueeze(0)
         for layer in self.layers:
-            x = layer(x, ctx, rotary, mask, attention, compiled)
+            x = checkpointed(layer, x, ctx, rotary, mask, attention, compiled, enabled=recompute)
         return self.norm(x).view(batch.num_blocks, batch.block_size, -1)
+
+    def _context_states(self, features: torch.Tensor) -> tuple[torch.Tensor]:
+        """``H_ctx = hidden_norm(fc(features))`` of context rows ``[n, K*d]`` -> ``([n, d],)``, row by row."""
+        return (self.hidden_norm(self.fc(features.to(self.fc.weight.dtype))),)
 
     def context_kv(
         self, features: torch.Tensor, positions: torch.Tensor, seq_len: int = 0
@@ -342,7 +350,7 @@ class ParallelDrafter(nn.Module):
         RMS statistic, each layer's ``k_norm`` scale and one RoPE for every layer's keys (vLLM fuses the context
         projections of DFlash / DSpark drafters the same way); equal to ``keys_values`` layer by layer (tested).
         """
-        ctx = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        ctx = self._context_states(features)[0]
         attns = [layer.self_attn for layer in self.layers]
         if not attns:
             return []

@@ -135,10 +135,17 @@ def scale_target_config(name: str) -> PretrainedConfig:
     return SCALE_TARGETS[name].config()
 
 
-def save_scale_target(name: str, directory: str | Path, seed: int = 0) -> Path:
+def save_scale_target(name: str, directory: str | Path, seed: int = 0, num_hidden_layers: int = 0) -> Path:
     """Write a random-weight scale copy of ``name`` with ``save_pretrained`` (config.json + model.safetensors,
-    bf16 like the published checkpoints) to ``directory``; no tokenizer is written."""
+    bf16 like the published checkpoints) to ``directory``; no tokenizer is written. ``num_hidden_layers`` > 0
+    keeps only that many decoder layers (heads, vocabulary, widths and RoPE unchanged): a shallow copy for tests
+    whose cost is the target's attention at long length."""
     config = scale_target_config(name)
+    if num_hidden_layers:
+        config.num_hidden_layers = num_hidden_layers
+        # Per-layer fields (Qwen3's ``layer_types``) must list one entry per remaining layer.
+        if getattr(config, "layer_types", None):
+            config.layer_types = config.layer_types[:num_hidden_layers]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.generation_config.eos_token_id = config.eos_token_id

@@ -7,6 +7,10 @@ entry (``jobs.entry.main``, what ``train.py`` runs) with ``argv`` and ``MASTER_P
 full streamed launch (its own gloo process group, target worker and drafter worker) and only the interpreter's
 start-up (imports of torch, transformers and the package) is shared between recipes. Stops at the first run
 that fails, with its exit code.
+
+``launch_streamed(runs, root)`` starts the two ranks of such a launch from a test (``StreamedLaunch``): the scale
+tier and the long-context tier run their streamed runs this way, while their colocated runs train in the test's
+own process.
 """
 
 from __future__ import annotations
@@ -17,6 +21,39 @@ import sys
 from pathlib import Path
 
 from deepspec_train.jobs.entry import main as train_main
+from tests.helpers.streaming_world import read_logs, start_ranks, wait_all
+
+STREAMED_TIMEOUT_S = 900
+
+
+class StreamedLaunch:
+    """The one 2-process launch that runs every listed recipe streamed; ``output_dir`` waits for it to finish."""
+
+    def __init__(self, procs, outputs: dict[str, Path], log_dir: Path) -> None:
+        self.procs, self.outputs, self.log_dir = procs, outputs, log_dir
+        self.codes: list[int] | None = None
+
+    def output_dir(self, name: str) -> Path:
+        if self.codes is None:
+            self.codes = wait_all(self.procs, STREAMED_TIMEOUT_S)
+        assert self.codes == [0, 0], f"exit codes {self.codes}\n{read_logs(self.log_dir, 2)[-6000:]}"
+        return self.outputs[name]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def launch_streamed(runs: dict[str, dict], root: Path) -> StreamedLaunch:
+    """Start the ranks of one launch of ``runs`` (name -> ``{"port": P, "argv": [...]}``, each writing into
+    ``outputs[name]`` = its ``run.output_dir``), with its runs file and logs under ``root``."""
+    runs_file = root / "streamed_runs.json"
+    runs_file.write_text(json.dumps([{"port": run["port"], "argv": run["argv"]} for run in runs.values()]))
+    log_dir = root / "streamed_logs"
+    procs = start_ranks(["-m", "tests.helpers.scale_streamed_ranks", str(runs_file)], 2, log_dir)
+    return StreamedLaunch(procs, {name: Path(run["output_dir"]) for name, run in runs.items()}, log_dir)
 
 
 def run_all(runs_file: str) -> int:
