@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoConfig
 
+from bench.activation_checkpointing import long_context_batch
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import check_export_dir
@@ -38,7 +40,6 @@ from deepspec_train.kinds.engine_reading import ENGINES
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.scale_targets import scale_target_config
-from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.validation import load_recipe
@@ -175,7 +176,11 @@ def test_full_depth_copy_trains_exports_and_passes_the_engine_rules(name: str, c
 def test_32k_sequence_trains_on_the_four_layer_copy(colocated_runs) -> None:
     cfg = colocated_runs("dspark-32k")
     _check_run("dspark-32k", cfg)
-    assert scale_target_config("Qwen3-8B").num_attention_heads == 32
+    # Only the depth differs from the full scale copy: the heads, vocabulary and widths are Qwen3-8B's.
+    saved, full = AutoConfig.from_pretrained(cfg.target.path).to_dict(), scale_target_config("Qwen3-8B").to_dict()
+    assert {key for key in full if saved.get(key) != full[key]} <= {"num_hidden_layers", "layer_types",
+                                                                     "transformers_version", "dtype"}
+    assert (saved["num_hidden_layers"], saved["num_attention_heads"], saved["vocab_size"]) == (4, 32, 151936)
 
 
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.streamed])
@@ -198,23 +203,15 @@ def _steps_with_and_without(recipe: str) -> list[tuple[float, dict[str, torch.Te
     32K-row batch, with the recipe's activation checkpointing (on), then with it off on the same module."""
     cfg = load_recipe(recipe, check_target=False)
     geometry = geometry_from_target_config(scale_target_config("Qwen3-8B"))
-    g = torch.Generator().manual_seed(0)
-    taps, d = len(cfg.target.layer_ids), geometry.hidden_size
-    loss_mask = torch.ones(LONG_LENGTH, dtype=torch.bool)
-    loss_mask[:32] = False
-    item = SequenceItem(input_ids=torch.randint(0, 151643, (LONG_LENGTH,), generator=g), loss_mask=loss_mask,
-                        ctx_features=torch.randn(LONG_LENGTH, taps * d, generator=g).bfloat16(),
-                        final_hidden=torch.randn(LONG_LENGTH, d, generator=g), sample_id=0)
-    # The last anchors of the sequence: their blocks see all ~32K context rows.
-    anchors = torch.arange(LONG_LENGTH - 8 - CHECK_ANCHORS * 997, LONG_LENGTH - 8, 997)
-    (batch,) = pack_sequences([item], [anchors], cfg.drafter.block_size, cfg.anchors.token_budget,
-                              cfg.drafter.mask_token_id)
+    # Blocks at the sequence's end: they see nearly all 32K context rows.
+    batch = long_context_batch(cfg, geometry, LONG_LENGTH, CHECK_ANCHORS)
     torch.manual_seed(0)
     counts = torch.ones(geometry.vocab_size, dtype=torch.long)
     # One module for both passes: building the vocabulary-sized heads twice would double the check's time.
     model = kind_spec(cfg.drafter.kind).build(cfg.drafter, geometry, cfg.target.layer_ids, counts).train()
     assert model.activation_checkpointing
-    loss_of = DrafterLoss.for_recipe(cfg, torch.randn(geometry.vocab_size, d, generator=g) * 0.1, "sdpa")
+    head = torch.randn(geometry.vocab_size, geometry.hidden_size, generator=torch.Generator().manual_seed(1))
+    loss_of = DrafterLoss.for_recipe(cfg, head * 0.1, "sdpa")
     results = []
     for checkpointing in (True, False):
         model.activation_checkpointing = checkpointing
