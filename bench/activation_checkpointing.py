@@ -1,29 +1,35 @@
 """Memory saved and time paid by ``drafter.activation_checkpointing``, side by side in one run, on CPU.
 
-Run: ``PYTHONPATH=. python bench/activation_checkpointing.py [--rows 4096 --anchors 32 --projection-rows 8192]``
+Run: ``PYTHONPATH=. python bench/activation_checkpointing.py [--rows 4096 --anchors 32 --width-factor 4
+--projection-hidden 1024 --projection-rows 8192 --projection-chunk 1024 --parts drafters projection]``
 
 Two measurements, each configuration in a fresh subprocess (one after the other, so they do not share memory):
 
 - the drafters of ``qwen3-8b-32k`` (DSpark) and ``qwen3-8b-eagle3-32k`` (EAGLE-3) at the Qwen3-8B scale copy's
-  widths (``models.scale_targets``: hidden 128, 32 / 8 heads of 4, vocabulary 151,936), one forward + backward
-  of the training loss on one sequence of ``--rows`` context rows with ``--anchors`` blocks at its end, with
-  checkpointing off and on;
-- the context projection alone (``fc``, ``K*d -> d``, then ``hidden_norm``) at Qwen3-8B's real widths (5 taps of
-  4,096) over ``--projection-rows`` rows of bf16 features, plain, checkpointed in one piece, and checkpointed in
-  chunks of ``CONTEXT_CHUNK_ROWS`` rows (what the drafters do): the one-piece recompute re-materialises the
-  fp32 copy of the features in backward, the chunked one a chunk of it.
+  shape (``models.scale_targets``: 32 / 8 heads, vocabulary 151,936) with its widths times ``--width-factor``
+  (4: head_dim 16, hidden 512), one forward + backward on one sequence of ``--rows`` context rows with
+  ``--anchors`` blocks at its end, with checkpointing off and on: of the drafter alone (``backbone``: the
+  states at the supervised slots into a squared sum, where checkpointing acts) and of the whole training loss
+  (``step``: the vocabulary-sized chunked loss comes on top, the same in both modes);
+- the context projection alone (``fc``, ``5 d -> d``, then ``hidden_norm``, Qwen3-8B's five taps) over
+  ``--projection-rows`` rows of bf16 features, plain, checkpointed in one piece, and checkpointed in chunks of
+  ``--projection-chunk`` rows (what the drafters do). What matters is two ratios, rows / d and chunk / d: the
+  one-piece recompute re-materialises the ``[rows, 5d]`` fp32 copy in backward, the chunked one a
+  ``[chunk, 5d]`` copy but one ``[d, 5d]`` weight gradient per chunk. The defaults (d 1,024, 8,192 rows, chunks
+  of 1,024) have the ratios of 32K rows in chunks of ``CONTEXT_CHUNK_ROWS`` = 4,096 at d 4,096, in CPU time.
 
 Peak memory is the resident set's high-water mark (``VmHWM``) over the forward + backward minus the resident
 size just before it, after the high-water mark was reset (``echo 5 > /proc/self/clear_refs``, Linux >= 4.0):
 building the model and the batch peaks higher than the step itself for the vocabulary-sized heads, so a
 high-water mark since the process started (``ru_maxrss``) would hide the step's peak. Resident memory counts
 what the CPU allocator really holds, autograd's saved tensors and transient buffers alike. Time is the best of
-``--steps`` further forward + backward calls after the measured one.
+two further forward + backward calls after the measured one (one for the projection).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import sys
@@ -44,8 +50,8 @@ from deepspec_train.validation import load_recipe
 
 MIB = 1024**2
 RECIPES = ("qwen3-8b-32k", "qwen3-8b-eagle3-32k")
-# Qwen3-8B's real context-projection shape: 5 taps of hidden 4,096.
-PROJECTION_TAPS, PROJECTION_HIDDEN = 5, 4096
+# Qwen3-8B's taps of the context projection.
+PROJECTION_TAPS = 5
 # Positions between the anchors at the sequence's end.
 ANCHOR_STRIDE = 97
 
@@ -73,23 +79,30 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def _measure(step) -> tuple[float, float]:
-    """Peak MiB above the resident size of the first ``step()``, and the best time of two more."""
+def _measure(step, timed: int = 2) -> tuple[float, float]:
+    """Peak MiB above the resident size of the first ``step()``, and the best time of ``timed`` more."""
     Path("/proc/self/clear_refs").write_text("5")
     before = _status_kib("VmRSS")
     step()
     peak = (_status_kib("VmHWM") - before) / 1024
     times = []
-    for _ in range(2):
+    for _ in range(timed):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
     return peak, min(times)
 
 
-def _drafter_worker(recipe: str, checkpointing: bool, rows: int, anchors: int) -> tuple[float, float]:
+def _widened(factor: int):
+    scale = geometry_from_target_config(scale_target_config("Qwen3-8B"))
+    return dataclasses.replace(scale, hidden_size=scale.hidden_size * factor, head_dim=scale.head_dim * factor,
+                               intermediate_size=scale.intermediate_size * factor)
+
+
+def _drafter_worker(recipe: str, part: str, checkpointing: bool, shape: list[int]) -> tuple[float, float]:
+    rows, anchors, factor = shape
     cfg = load_recipe(recipe, [f"drafter.activation_checkpointing={str(checkpointing).lower()}"], check_target=False)
-    geometry = geometry_from_target_config(scale_target_config("Qwen3-8B"))
+    geometry = _widened(factor)
     batch = long_context_batch(cfg, geometry, rows, anchors)
     torch.manual_seed(0)
     counts = torch.ones(geometry.vocab_size, dtype=torch.long)
@@ -98,23 +111,26 @@ def _drafter_worker(recipe: str, checkpointing: bool, rows: int, anchors: int) -
 
     def step() -> None:
         model.zero_grad(set_to_none=False)
-        loss_of(model, batch, float(batch.num_supervised)).loss.loss.backward()
+        if part == "backbone":
+            model(batch).hidden.float().pow(2).sum().backward()
+        else:
+            loss_of(model, batch, float(batch.num_supervised)).loss.loss.backward()
 
     step()  # Gradient buffers and kernels exist before the measured call, in both modes alike.
     return _measure(step)
 
 
-def _projection_worker(mode: str, rows: int) -> tuple[float, float]:
+def _projection_worker(mode: str, shape: list[int]) -> tuple[float, float]:
+    hidden, rows, chunk = shape
     torch.manual_seed(0)
-    fc = torch.nn.Linear(PROJECTION_TAPS * PROJECTION_HIDDEN, PROJECTION_HIDDEN, bias=False)
-    norm = RMSNorm(PROJECTION_HIDDEN)
-    features = torch.randn(rows, PROJECTION_TAPS * PROJECTION_HIDDEN).bfloat16()
+    fc = torch.nn.Linear(PROJECTION_TAPS * hidden, hidden, bias=False)
+    norm = RMSNorm(hidden)
+    features = torch.randn(rows, PROJECTION_TAPS * hidden).bfloat16()
 
     def project(x: torch.Tensor) -> tuple[torch.Tensor]:
         return (norm(fc(x.to(fc.weight.dtype))),)
 
-    if mode == "one-piece":
-        activation_checkpointing.CONTEXT_CHUNK_ROWS = rows
+    activation_checkpointing.CONTEXT_CHUNK_ROWS = rows if mode == "one-piece" else chunk
 
     def step() -> None:
         fc.zero_grad(set_to_none=False)
@@ -122,7 +138,7 @@ def _projection_worker(mode: str, rows: int) -> tuple[float, float]:
         out.sum().backward()
 
     step()
-    return _measure(step)
+    return _measure(step, timed=1)
 
 
 def _subprocess(args: list[str]) -> tuple[float, float]:
@@ -136,7 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=4096)
     parser.add_argument("--anchors", type=int, default=32)
+    parser.add_argument("--width-factor", type=int, default=4)
+    parser.add_argument("--projection-hidden", type=int, default=1024)
     parser.add_argument("--projection-rows", type=int, default=8192)
+    parser.add_argument("--projection-chunk", type=int, default=1024)
+    parser.add_argument("--parts", nargs="+", choices=("drafters", "projection"), default=["drafters", "projection"])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -145,23 +165,36 @@ def main(argv: list[str] | None = None) -> None:
         result = _drafter_worker(*spec[1:]) if spec[0] == "drafter" else _projection_worker(*spec[1:])
         print(json.dumps(result))
         return
-    print(f"drafters at the Qwen3-8B scale widths, {args.rows} context rows, {args.anchors} blocks")
-    print("| recipe | peak off MiB | peak on MiB | on / off | step off s | step on s | on / off |")
-    print("|---|---|---|---|---|---|---|")
+    if "drafters" in args.parts:
+        _print_drafters(args)
+    if "projection" in args.parts:
+        _print_projection(args)
+
+
+def _print_drafters(args: argparse.Namespace) -> None:
+    shape = [args.rows, args.anchors, args.width_factor]
+    print(f"drafters at {args.width_factor} x the Qwen3-8B scale widths (hidden "
+          f"{_widened(args.width_factor).hidden_size}), {args.rows} context rows, {args.anchors} blocks")
+    print("| recipe | part | peak off MiB | peak on MiB | on / off | time off s | time on s | on / off |")
+    print("|---|---|---|---|---|---|---|---|")
     for recipe in RECIPES:
-        off = _subprocess(["drafter", recipe, False, args.rows, args.anchors])
-        on = _subprocess(["drafter", recipe, True, args.rows, args.anchors])
-        print(f"| {recipe} | {off[0]:.0f} | {on[0]:.0f} | {on[0] / off[0]:.3f} | {off[1]:.2f} | {on[1]:.2f} "
-              f"| {on[1] / off[1]:.2f} |")
-    print(f"\ncontext projection at Qwen3-8B widths ({PROJECTION_TAPS} x {PROJECTION_HIDDEN} -> {PROJECTION_HIDDEN}), "
-          f"{args.projection_rows} rows, chunks of {activation_checkpointing.CONTEXT_CHUNK_ROWS}")
+        for part in ("backbone", "step"):
+            off = _subprocess(["drafter", recipe, part, False, shape])
+            on = _subprocess(["drafter", recipe, part, True, shape])
+            print(f"| {recipe} | {part} | {off[0]:.0f} | {on[0]:.0f} | {on[0] / off[0]:.3f} | {off[1]:.2f} "
+                  f"| {on[1]:.2f} | {on[1] / off[1]:.2f} |")
+
+
+def _print_projection(args: argparse.Namespace) -> None:
+    shape = [args.projection_hidden, args.projection_rows, args.projection_chunk]
+    print(f"context projection {PROJECTION_TAPS} x {args.projection_hidden} -> {args.projection_hidden}, "
+          f"{args.projection_rows} rows, chunks of {args.projection_chunk}")
     print("| mode | peak MiB | / plain | step s | / plain |")
     print("|---|---|---|---|---|")
-    plain = _subprocess(["projection", "plain", args.projection_rows])
+    plain = _subprocess(["projection", "plain", shape])
     for mode in ("plain", "one-piece", "chunked"):
-        peak, seconds = plain if mode == "plain" else _subprocess(["projection", mode, args.projection_rows])
+        peak, seconds = plain if mode == "plain" else _subprocess(["projection", mode, shape])
         print(f"| {mode} | {peak:.0f} | {peak / plain[0]:.3f} | {seconds:.2f} | {seconds / plain[1]:.2f} |")
-
 
 if __name__ == "__main__":
     main()
