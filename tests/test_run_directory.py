@@ -55,7 +55,8 @@ def test_resume_refuses_a_run_of_another_identity(tiny_world, tmp_path) -> None:
     first = _cfg(tiny_world, tmp_path)
     claim_output_dir(first)
     (tmp_path / "run" / "checkpoints" / "step_00000010").mkdir(parents=True)
-    same = _cfg(tiny_world, tmp_path, "train.resume=auto", "logging.log_every=5", "train.stop_at_step=20")
+    same = _cfg(tiny_world, tmp_path, "train.resume=auto", "logging.log_every=5", "train.stop_at_step=20",
+                "drafter.activation_checkpointing=true")
     assert output_dir_problems(same) == []
     layers = first.drafter.num_layers
     other = _cfg(tiny_world, tmp_path, "train.resume=auto", f"drafter.num_layers={layers + 1}")
@@ -76,6 +77,8 @@ def test_identity_covers_model_and_data_not_schedule_or_cadence(tiny_world, tmp_
     assert not {k for k in fields if k.startswith(("logging.", "topology.", "stream."))}
     assert not {"loss.alpha_ce", "loss.alpha_tv", "loss.gamma_decay", "loss.chunk_size"} & set(fields)
     assert not {"train.checkpoint_every", "train.stop_at_step", "train.max_steps", "train.lr"} & set(fields)
+    # Checkpointing changes how the same gradients are computed (memory against time), not the run.
+    assert "drafter.activation_checkpointing" not in fields
 
 
 def test_an_identity_recorded_before_a_field_existed_reads_it_as_its_default(tiny_world, tmp_path) -> None:

@@ -29,13 +29,13 @@ STREAMED_TIMEOUT_S = 900
 class StreamedLaunch:
     """The one 2-process launch that runs every listed recipe streamed; ``output_dir`` waits for it to finish."""
 
-    def __init__(self, procs, outputs: dict[str, Path], log_dir: Path) -> None:
-        self.procs, self.outputs, self.log_dir = procs, outputs, log_dir
+    def __init__(self, procs, outputs: dict[str, Path], log_dir: Path, timeout_s: float) -> None:
+        self.procs, self.outputs, self.log_dir, self.timeout_s = procs, outputs, log_dir, timeout_s
         self.codes: list[int] | None = None
 
     def output_dir(self, name: str) -> Path:
         if self.codes is None:
-            self.codes = wait_all(self.procs, STREAMED_TIMEOUT_S)
+            self.codes = wait_all(self.procs, self.timeout_s)
         assert self.codes == [0, 0], f"exit codes {self.codes}\n{read_logs(self.log_dir, 2)[-6000:]}"
         return self.outputs[name]
 
@@ -46,14 +46,15 @@ class StreamedLaunch:
                 proc.wait()
 
 
-def launch_streamed(runs: dict[str, dict], root: Path) -> StreamedLaunch:
-    """Start the ranks of one launch of ``runs`` (name -> ``{"port": P, "argv": [...]}``, each writing into
-    ``outputs[name]`` = its ``run.output_dir``), with its runs file and logs under ``root``."""
+def launch_streamed(runs: dict[str, dict], root: Path, timeout_s: float = STREAMED_TIMEOUT_S) -> StreamedLaunch:
+    """Start the ranks of one launch of ``runs`` (name -> ``{"port": P, "argv": [...], "output_dir": D}``, ``D``
+    the run's ``run.output_dir``), with its runs file and logs under ``root``; ``timeout_s`` bounds the whole
+    launch."""
     runs_file = root / "streamed_runs.json"
     runs_file.write_text(json.dumps([{"port": run["port"], "argv": run["argv"]} for run in runs.values()]))
     log_dir = root / "streamed_logs"
     procs = start_ranks(["-m", "tests.helpers.scale_streamed_ranks", str(runs_file)], 2, log_dir)
-    return StreamedLaunch(procs, {name: Path(run["output_dir"]) for name, run in runs.items()}, log_dir)
+    return StreamedLaunch(procs, {name: Path(run["output_dir"]) for name, run in runs.items()}, log_dir, timeout_s)
 
 
 def run_all(runs_file: str) -> int:
