@@ -26,9 +26,9 @@ memory-efficient kernel for one unpadded causal sequence: no ``L x L`` tensor):
   own fp32 weights are the master copy: there is no other), fp32 frozen embedding / LM head, the bf16 target LM
   head, and autocast's bf16 copies of the trainable weights (cached for the forward).
 - ``received micro-batch``: the ``PackedBatch`` (``K*d`` bf16 features per context row, ``d`` per supervised slot).
-- ``context projection``: ``fc`` upcasts the bf16 features to its fp32 weights' dtype before autocast casts them back
-  to bf16 (``6 K d`` bytes per context row while it runs; the bf16 copy is kept for backward). With checkpointing
-  it runs ``CONTEXT_CHUNK_ROWS`` rows at a time and keeps nothing.
+- ``context projection``: under autocast ``fc`` reads the received bf16 features as they are (no copy) and writes
+  bf16 ``H_ctx`` rows, which ``hidden_norm`` normalises in fp32 (``20 d`` bytes per context row while it runs).
+  With checkpointing it runs ``CONTEXT_CHUNK_ROWS`` rows at a time and keeps nothing.
 - ``saved activations``: per backbone layer, what autograd keeps over the ``Nc + Q`` key rows (two bf16 copies of
   the concatenated context / block input for ``k_proj`` and ``v_proj``, the k-norm's fp32 input, keys and values)
   and over the ``Q`` block slots (the layer's fp32 input and norms, q, attention output and log-sum-exp, the MLP's
@@ -174,12 +174,12 @@ def drafter_slot_saved_bytes(geometry: DrafterGeometry) -> float:
 def drafter_shared_saved_bytes(geometry: DrafterGeometry, taps: int, ctx_rows: int, slots: int,
                                checkpointing: bool) -> float:
     """What the backbone keeps once, whatever its depth: the context states ``H_ctx`` (fp32, every layer reads
-    them), the rotary tables of the key rows, the final norm's saved tensors; without checkpointing also ``fc``'s
-    bf16 input and ``hidden_norm``'s saved tensors."""
+    them), the rotary tables of the key rows, the final norm's saved tensors; without checkpointing also
+    ``hidden_norm``'s saved tensors (``fc`` keeps the received features themselves, counted with the batch)."""
     d, head_dim = geometry.hidden_size, geometry.head_dim
     shared = ctx_rows * FP32 * d + (ctx_rows + slots) * 2 * FP32 * head_dim + slots * (2 * FP32 * d + FP32)
     if not checkpointing:
-        shared += ctx_rows * (BF16 * taps * d + FP32 * d + FP32 + BF16 * d)
+        shared += ctx_rows * (FP32 * d + FP32 + BF16 * d)
     return shared
 
 

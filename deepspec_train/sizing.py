@@ -497,8 +497,10 @@ def long_context_memory(
     saved = [lcm.drafter_shared_saved_bytes(geometry, taps, ctx_rows, slots, ckpt)
              + lcm.drafter_saved_bytes(geometry, layers, ctx_rows, slots, ckpt) for ckpt in (False, True)]
     state = drafter_worker_bytes(drafter, hf_config.vocab_size * d) + lcm.BF16 * trainable
-    # Bytes per context row while ``fc`` runs: the fp32 upcast of the features and autocast's bf16 copy of it.
-    projection = taps * d * (lcm.FP32 + lcm.BF16)
+    # Bytes per context row while the context projection runs (fc reads the bf16 features in place under
+    # autocast): fc's bf16 output, then hidden_norm's fp32 upcast, its square, the normalised rows, their cast back
+    # to bf16 and the fp32 product with the norm's weight.
+    projection = d * (2 * lcm.BF16 + 4 * lcm.FP32)
     drafter_memory = lcm.DrafterRankMemory(
         seq_len, state, payload.largest_micro_batch_bytes, projection * ctx_rows,
         projection * min(ctx_rows, CONTEXT_CHUNK_ROWS),

@@ -326,6 +326,9 @@ class ParallelDrafter(nn.Module):
         if batch.block_size != self.block_size:
             raise ValueError(f"batch block size {batch.block_size} != drafter block size {self.block_size}")
         mask = flex_block_mask(batch) if attention == "flex" else dense_mask(batch)
+        # On a GPU flex attention runs compiled (as EAGLE-3's does): the eager path fills in the whole
+        # heads x queries x keys score matrix, which at 32K context is what the BlockMask exists to avoid.
+        compiled = compiled or (attention == "flex" and batch.block_seq.is_cuda)
         rotary = self._rotary(batch)
         x = self.embed_tokens(batch.block_input.reshape(1, -1))
         recompute = self.activation_checkpointing
@@ -336,7 +339,11 @@ class ParallelDrafter(nn.Module):
 
     def _context_states(self, features: torch.Tensor) -> tuple[torch.Tensor]:
         """``H_ctx = hidden_norm(fc(features))`` of context rows ``[n, K*d]`` -> ``([n, d],)``, row by row."""
-        return (self.hidden_norm(self.fc(features.to(self.fc.weight.dtype))),)
+        # Under autocast the projection computes in the autocast dtype whatever its input's, so bf16 features are
+        # read as they come: an fp32 copy (K*d*4 bytes a row, 16 GB at 128K for Qwen3-8B) would be rounded back.
+        if not torch.is_autocast_enabled(features.device.type):
+            features = features.to(self.fc.weight.dtype)
+        return (self.hidden_norm(self.fc(features)),)
 
     def context_kv(
         self, features: torch.Tensor, positions: torch.Tensor, seq_len: int = 0

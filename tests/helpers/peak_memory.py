@@ -133,13 +133,14 @@ def drafter_case(seq_len: int, layers: int, checkpointing: bool) -> dict:
 
 
 def context_projection_case(seq_len: int) -> dict:
-    """The context projection alone (``fc`` over the taps, then ``hidden_norm``) under autocast with gradients."""
+    """The context projection alone (the drafter's own ``fc`` over the taps, then ``hidden_norm``) under autocast
+    with gradients."""
     cfg, hf_config, drafter, _, memory = _setup(seq_len)
     item, _ = _sequence(cfg, seq_len, hf_config, features=True)
 
     def project(features):
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return drafter.fc(features.to(drafter.fc.weight.dtype))
+            return drafter._context_states(features)
 
     peak = measured_peak(lambda: project(item.ctx_features), lambda: project(item.ctx_features[:64]))
     return {"measured": peak, "predicted": memory.context_projection}
