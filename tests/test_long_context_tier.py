@@ -182,8 +182,8 @@ def test_32k_sequence_trains_on_the_four_layer_copy(colocated_runs) -> None:
     _check_run("dspark-32k", cfg)
     # Only the depth differs from the full scale copy: the heads, vocabulary and widths are Qwen3-8B's.
     saved, full = AutoConfig.from_pretrained(cfg.target.path).to_dict(), scale_target_config("Qwen3-8B").to_dict()
-    assert {key for key in full if saved.get(key) != full[key]} <= {"num_hidden_layers", "layer_types",
-                                                                     "transformers_version", "dtype"}
+    depth_and_records = {"num_hidden_layers", "layer_types", "transformers_version", "dtype", "_name_or_path"}
+    assert {key for key in full if saved.get(key) != full[key]} <= depth_and_records
     assert (saved["num_hidden_layers"], saved["num_attention_heads"], saved["vocab_size"]) == (4, 32, 151936)
 
 

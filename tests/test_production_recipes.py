@@ -1,5 +1,6 @@
 """Production recipes (Qwen3-4B/8B/14B x DSpark/DFlash/EAGLE-3, DSpark for the mixture-of-experts Qwen3-30B-A3B
-and Qwen3-235B-A22B) and the sizing arithmetic behind their docs.
+and Qwen3-235B-A22B, Qwen3-8B's 32K DSpark and EAGLE-3, each its 4,096-token recipe but for the long-context keys)
+and the sizing arithmetic behind their docs.
 
 Every recipe validates with the design values, its drafter instantiates on the meta device from the target's
 published config, its topology launches on the nodes its Slurm line names, and ``deepspec_train.sizing`` is
