@@ -33,6 +33,7 @@ from deepspec_train.config.schema import DSPARK_LABELS, RecipeConfig
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train import long_context_memory as lcm
 from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.packing.anchor_counts import anchor_count
 from deepspec_train.packing.packer import plan_micro_batches
 
 INT64_BYTES = 8
@@ -144,7 +145,7 @@ def payload_bytes(
 def stream_bytes_in_flight(cfg: RecipeConfig, geometry: DrafterGeometry, seq_len: int) -> int:
     """The most a target group's send queue holds with nominal sequences: ``stream.depth`` queued micro-batches
     plus the one being sent (the queue is bounded in micro-batches, ``streaming.target_worker``)."""
-    payload = payload_bytes(cfg, geometry, cfg.train.micro_batch_sequences, seq_len, cfg.anchors.num_per_sequence)
+    payload = payload_bytes(cfg, geometry, cfg.train.micro_batch_sequences, seq_len, nominal_anchor_count(cfg, seq_len))
     return (cfg.stream.depth + 1) * payload.largest_micro_batch_bytes
 
 
@@ -393,7 +394,7 @@ def sizing_row(recipe: str, seq_len: int, flops_per_s: float = ASSUMED_FLOPS_PER
     cfg, hf_config = _recipe_and_target(recipe, None)
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
     drafter = meta_drafter(cfg, hf_config)
-    anchors = cfg.anchors.num_per_sequence
+    anchors = nominal_anchor_count(cfg, seq_len)
     target_flops = target_flops_per_sequence(hf_config, seq_len)
     drafter_flops = drafter_flops_per_sequence(cfg, geometry, seq_len, anchors)
     batch = cfg.train.global_batch_sequences
@@ -426,7 +427,7 @@ def cluster_row(recipe: str, target: Optional[str], nodes: int, seq_len: int,
     drafter_need = drafter_gb + DRAFTER_ACTIVATION_BYTES
     target_work = target_working_bytes(cfg, geometry, seq_len)
     target_flops = target_flops_per_sequence(hf_config, seq_len)
-    drafter_flops = drafter_flops_per_sequence(cfg, geometry, seq_len, cfg.anchors.num_per_sequence)
+    drafter_flops = drafter_flops_per_sequence(cfg, geometry, seq_len, nominal_anchor_count(cfg, seq_len))
     gpus, batch = nodes * GPUS_PER_NODE, cfg.train.global_batch_sequences
     weights = TARGET_BYTES_PER_PARAM * target_total_params(hf_config)
     colocated_need = weights + target_work + drafter_need
@@ -454,16 +455,28 @@ def cluster_row(recipe: str, target: Optional[str], nodes: int, seq_len: int,
     return row
 
 
+# Whose anchor rule (128 per 1K valid positions over a floor of 512) the long-context rows give every target.
+LONG_CONTEXT_ANCHOR_RECIPE = "qwen3-8b-32k"
+
+
+def nominal_anchor_count(cfg: RecipeConfig, seq_len: int) -> int:
+    """Anchors of a fully supervised nominal sequence of ``seq_len`` tokens under ``cfg``'s anchor rule."""
+    return anchor_count(seq_len - 1, cfg.anchors.num_per_sequence, cfg.anchors.per_1k_tokens)
+
+
 def long_context_recipe(recipe: str, seq_len: int) -> RecipeConfig:
-    """``recipe`` at ``seq_len`` tokens: one sequence per target forward (``train.micro_batch_sequences=1``) and a
-    token budget that packs a whole nominal sequence's blocks in one micro-batch (``L + anchors * B``); a budget of
-    only ``L + B`` splits it into several micro-batches that each carry most of the context again."""
+    """``recipe`` at ``seq_len`` tokens with the long-context recipes' anchor rule (``LONG_CONTEXT_ANCHOR_RECIPE``):
+    one sequence per target forward (``train.micro_batch_sequences=1``) and a token budget that packs a whole
+    nominal sequence's blocks in one micro-batch (``L + anchors * B``); a budget of only ``L + B`` splits it into
+    several micro-batches that each carry most of the context again."""
     import dataclasses
 
     from deepspec_train.validation import load_recipe
 
     cfg = load_recipe(recipe, check_target=False)
-    budget = max(cfg.anchors.token_budget, seq_len + cfg.anchors.num_per_sequence * cfg.drafter.block_size)
+    rate = load_recipe(LONG_CONTEXT_ANCHOR_RECIPE, check_target=False).anchors.per_1k_tokens
+    cfg = dataclasses.replace(cfg, anchors=dataclasses.replace(cfg.anchors, per_1k_tokens=rate))
+    budget = max(cfg.anchors.token_budget, seq_len + nominal_anchor_count(cfg, seq_len) * cfg.drafter.block_size)
     return dataclasses.replace(
         cfg, data=dataclasses.replace(cfg.data, max_length=seq_len),
         anchors=dataclasses.replace(cfg.anchors, token_budget=budget),
@@ -480,7 +493,7 @@ def long_context_memory(
 
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
     value_bytes, taps, d = feature_bytes_per_value(cfg), len(cfg.target.layer_ids), geometry.hidden_size
-    payload = payload_bytes(cfg, geometry, 1, seq_len, cfg.anchors.num_per_sequence)
+    payload = payload_bytes(cfg, geometry, 1, seq_len, nominal_anchor_count(cfg, seq_len))
     if payload.micro_batches != 1:
         raise ValueError(f"a nominal {seq_len}-token sequence takes {payload.micro_batches} micro-batches")
     ctx_rows, slots = payload.context_rows, payload.blocks * cfg.drafter.block_size

@@ -2,7 +2,7 @@
 
 - (a) Full depth at 8,192 tokens: the Qwen3-8B scale copy (all 36 decoder layers, 32/8 heads, vocabulary
   151,936, widths shrunk as in ``tests/test_scale_tier.py``) trains 2 steps with ``qwen3-8b-32k`` changed only in
-  paths, sizes and steps (``data.max_length`` 8,192, one sequence a step, 16 anchors); colocated and streamed (1
+  paths, sizes and steps (``data.max_length`` 8,192, one sequence a step, the anchor rule scaled down); colocated and streamed (1
   target + 1 drafter process over gloo) give equal losses and bit-identical weights; the export reloads to the
   trained drafter and passes both engines' rules.
 - (b) 32,768 tokens: a 4-layer copy with the same heads and vocabulary (three taps, the most 4 layers hold) trains
@@ -45,7 +45,7 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.validation import load_recipe
 from tests.helpers.long_context_world import (
-    HEADROOM, LONG_ANCHORS, LONG_CONTEXT_TIER, SHORT_COPY_LAYERS, SHORT_COPY_TAPS, build_long_world, long_overrides,
+    HEADROOM, LONG_CONTEXT_TIER, SHORT_COPY_LAYERS, SHORT_COPY_TAPS, build_long_world, long_overrides,
 )
 from tests.helpers.scale_checks import (
     CHANGED_KEYS, assert_export_reloads, drop_final_checkpoint, flat_config, validation_batch,
@@ -75,9 +75,9 @@ CASES = {
     "dspark-32k": Case("qwen3-8b-32k", "four-layers", True, (("target.layer_ids", SHORT_COPY_TAPS),)),
 }
 WORLDS = {"full-depth": (FULL_DEPTH_LENGTH, 0), "four-layers": (LONG_LENGTH, SHORT_COPY_LAYERS)}
-# Beyond the scale tier's paths, sizes and steps: the anchors per sequence (16, a size) and, on the 4-layer copy
+# Beyond the scale tier's paths, sizes and steps: the anchor floor and rate (sizes) and, on the 4-layer copy
 # only, the taps.
-LONG_CHANGED_KEYS = CHANGED_KEYS | {"anchors.num_per_sequence"}
+LONG_CHANGED_KEYS = CHANGED_KEYS | {"anchors.num_per_sequence", "anchors.per_1k_tokens"}
 
 
 @pytest.fixture(scope="module")

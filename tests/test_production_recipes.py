@@ -22,6 +22,7 @@ from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3Moe
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.loader import load_recipe_section
 from deepspec_train.config.rules import launch_problems, tensor_parallel_problems
+from deepspec_train.packing.anchor_counts import anchor_count
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs, reference_configs
@@ -322,9 +323,11 @@ def test_scale_target_widths_follow_one_factor(name: str) -> None:
 
 
 # What a long-context recipe may change from its 4,096-token one: the run, the (thinking) data, its length, the
-# packer's budget and activation checkpointing; the drafter, loss and schedule are the same.
+# anchor rate, the packer's budget and order, and activation checkpointing; the drafter, loss and schedule are the
+# same.
 LONG_CONTEXT_KEYS = {"run.name", "run.output_dir", "data.train", "data.validation", "data.max_length",
-                     "data.enable_thinking", "anchors.token_budget", "drafter.activation_checkpointing"}
+                     "data.enable_thinking", "anchors.per_1k_tokens", "anchors.token_budget", "anchors.packing",
+                     "drafter.activation_checkpointing"}
 # data/prepare_open_perfectblend.py --max-prompt-tokens 2048 (data/README.md).
 MAX_PROMPT_TOKENS = 2048
 
@@ -337,6 +340,12 @@ def test_long_context_recipe_is_its_short_one_at_32k(recipe: str, short: str) ->
     assert long_cfg.data.max_length == 32768 and long_cfg.data.enable_thinking
     assert long_cfg.drafter.activation_checkpointing
     assert long_cfg.anchors.token_budget >= long_cfg.data.max_length + long_cfg.drafter.block_size
+    # The rate keeps the short recipe's anchors up to its length and that density beyond it; a fully supervised
+    # 32K sequence with all its blocks fits one micro-batch, so its context is sent once.
+    floor, rate = long_cfg.anchors.num_per_sequence, long_cfg.anchors.per_1k_tokens
+    assert anchor_count(4095, floor, rate) == short_cfg.anchors.num_per_sequence
+    longest = anchor_count(32767, floor, rate)
+    assert longest == 4096 and 32767 + longest * long_cfg.drafter.block_size <= long_cfg.anchors.token_budget
     regenerate = load_recipe_section(recipe, SECTION, RegenerateConfig)
     assert regenerate.enable_thinking
     # The longest prompt and its answer fit the training length, and the answer may use nearly all of it.

@@ -10,9 +10,11 @@ training, one short one for validation. ``long_overrides`` points a 32K recipe a
 Why one long sequence and short ones beside it: a CPU's cost at length is the target's causal attention (32
 query heads x L^2 / 2 scores per layer: ~1.6 CPU-s per layer at 8,192 tokens, ~26 at 32,768), and one sequence per
 step (``train.global_batch_sequences`` 1) puts the long one in one of the two steps and the short one in the
-other, so each mode pays one long target forward. ``LONG_ANCHORS`` blocks per sequence instead of 512 for the same
-reason on the drafter's side: 512 blocks at 32K context would be 3,584 query slots x 36K keys x 32 heads of
-dense-mask attention scores (16 GB) per layer.
+other, so each mode pays one long target forward. The recipes' anchor rule (a floor of 512, 128 per 1,024 valid
+positions) is kept in form and scaled down as a size, a floor of ``LONG_ANCHORS`` and ``LONG_ANCHOR_RATE`` per 1K
+(5 blocks at 8,192 tokens, 19 at 32,768: the rate, not the floor, decides both), for the same reason on the
+drafter's side: 4,096 blocks at 32K context would be 28,672 query slots x 61K keys x 32 heads of dense-mask
+attention scores per layer.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from tests.helpers.scale_world import WORDS, scale_overrides
 
 # The long-context production recipes and the scale target each trains on.
 LONG_CONTEXT_TIER = {"qwen3-8b-32k": "Qwen3-8B", "qwen3-8b-eagle3-32k": "Qwen3-8B"}
-LONG_ANCHORS = 16
+LONG_ANCHORS = 4
+LONG_ANCHOR_RATE = 0.6
 # Tokens the long conversation leaves free under ``data.max_length`` (its chat-template turns and the end).
 HEADROOM = 64
 SHORT_COPY_LAYERS = 4
@@ -80,7 +83,8 @@ def build_long_world(root: Path, length: int, num_layers: int = 0, seed: int = 0
 
 
 def long_overrides(world: dict[str, str], output_dir: Path, length: int, **extra: object) -> list[str]:
-    """A long-context recipe pointed at ``world``: one sequence a step, ``LONG_ANCHORS`` anchors, ``length``."""
+    """A long-context recipe pointed at ``world``: one sequence a step, the scaled-down anchor rule, ``length``."""
     values = {"data.max_length": length, "train.global_batch_sequences": 1, "train.eval_sequences": 1,
-              "anchors.num_per_sequence": LONG_ANCHORS, **extra}
+              "anchors.num_per_sequence": LONG_ANCHORS,
+              "anchors.per_1k_tokens": LONG_ANCHOR_RATE, **extra}
     return scale_overrides(world, output_dir, **values)

@@ -71,7 +71,7 @@ def _setup(seq_len: int, drafter_layers: int = 5, checkpointing: bool = False):
 
 def _sequence(cfg, seq_len: int, hf_config, features: bool):
     from deepspec_train.packing.packer import SequenceItem
-    from deepspec_train.sizing import nominal_anchors
+    from deepspec_train.sizing import nominal_anchor_count, nominal_anchors
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 1000, (seq_len,), generator=gen)
@@ -79,7 +79,7 @@ def _sequence(cfg, seq_len: int, hf_config, features: bool):
     ctx = torch.randn(seq_len, taps * d, generator=gen).bfloat16() if features else None
     final = torch.randn(seq_len, d, generator=gen).bfloat16() if features else None
     item = SequenceItem(ids, torch.ones(seq_len, dtype=torch.bool), ctx, final, 0)
-    return item, torch.tensor(nominal_anchors(seq_len, cfg.anchors.num_per_sequence))
+    return item, torch.tensor(nominal_anchors(seq_len, nominal_anchor_count(cfg, seq_len)))
 
 
 def target_case(seq_len: int, eager: bool) -> dict:
