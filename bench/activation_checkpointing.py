@@ -128,14 +128,16 @@ def _projection_worker(mode: str, shape: list[int]) -> tuple[float, float]:
     features = torch.randn(rows, PROJECTION_TAPS * hidden).bfloat16()
 
     def project(x: torch.Tensor) -> tuple[torch.Tensor]:
-        return (norm(fc(x.to(fc.weight.dtype))),)
+        # As the drafter's ``_context_states`` under bf16 autocast: fc reads the bf16 features in place.
+        return (norm(fc(x)),)
 
     activation_checkpointing.CONTEXT_CHUNK_ROWS = rows if mode == "one-piece" else chunk
 
     def step() -> None:
         fc.zero_grad(set_to_none=False)
-        out = activation_checkpointing.row_chunked(project, [features], 0, mode != "plain")[0]
-        out.sum().backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = activation_checkpointing.row_chunked(project, [features], 0, mode != "plain")[0]
+        out.float().sum().backward()
 
     step()
     return _measure(step, timed=1)
