@@ -7,5 +7,7 @@ cd "$(dirname "$0")/../.."
 bash launch/quickstart/setup_env.sh
 . .venv/bin/activate
 export WANDB_MODE=offline WANDB_SILENT=true TOKENIZERS_PARALLELISM=false
-python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# Two pytest workers, whole files each (module fixtures such as a tier's shared launch stay in one worker): most
+# tests wait on subprocesses, gloo and process start-up, so two share the 2 cores well.
+python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=15 "$@"
 python -m pytest -q -p no:cacheprovider -m slurm
