@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 
@@ -26,21 +25,11 @@ from deepspec_train.streaming import target_worker
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.wire import KIND_BATCH, KIND_TRAIN, StreamMessage, message_bytes, outline
 from deepspec_train.training.batch_loss import DrafterLoss
-from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import StepBatches
 from deepspec_train.training.trainer import DrafterTrainer
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, VOCAB
-from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item, tiny_drafter
-
-SINGLE = DistContext(0, 1, 0, torch.device("cpu"), None)
-
-
-def _cfg() -> RecipeConfig:
-    cfg = RecipeConfig()
-    target = dataclasses.replace(cfg.target, layer_ids=list(LAYER_IDS), dtype="float32")
-    train = dataclasses.replace(cfg.train, mixed_precision="no")
-    loss = dataclasses.replace(cfg.loss, chunk_size=16)
-    return dataclasses.replace(cfg, target=target, train=train, loss=loss, drafter=drafter_config("dspark"))
+from tests.helpers.step_trainers import SINGLE, tiny_recipe
+from tests.helpers.tiny_drafter import random_item, tiny_drafter
 
 
 def _micro_batches() -> list:
@@ -62,7 +51,7 @@ def _grads(model: torch.nn.Module) -> list:
 
 
 def test_streamed_micro_batches_accumulate_exactly_like_the_whole_step() -> None:
-    cfg, batches = _cfg(), _micro_batches()
+    cfg, batches = tiny_recipe(), _micro_batches()
     head = torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(1))
     listed = _trainer(cfg, head)
     loss_listed, _ = listed._accumulate(StepBatches.of(batches), PositionStats(BLOCK))
