@@ -10,8 +10,9 @@
   reach the end of the sequence), colocated and streamed, with equal losses and weights.
 - (c) At 32,768 context rows and the scale copy's widths, activation checkpointing on and off give the same loss
   and gradients for both recipes' drafters, DSpark and EAGLE-3 (the tiny-shape check of every kind is
-  ``test_activation_checkpointing``). ``qwen3-8b-eagle3-32k`` trains end to end only here and in the scale tier's
-  ``qwen3-8b-eagle3`` at short length: another 36-layer forward at 8,192 tokens would add about 80 CPU-seconds.
+  ``test_activation_checkpointing``); ``qwen3-8b-eagle3-32k`` also trains 2 steps colocated on the 4-layer copy at
+  32,768 tokens, exports and is served by both engines (at full depth only in the scale tier's ``qwen3-8b-eagle3``
+  at short length: another 36-layer forward at 8,192 tokens would add about 80 CPU-seconds).
 
 Every run keeps ``drafter.activation_checkpointing`` on, as the recipes do. The cost is the target's causal
 attention, 32 heads x L^2 / 2 scores per layer (``tests/helpers/long_context_world.py``); docs/testing.md has the
@@ -73,6 +74,8 @@ class Case:
 CASES = {
     "dspark-8k": Case("qwen3-8b-32k", "full-depth", True),
     "dspark-32k": Case("qwen3-8b-32k", "four-layers", True, (("target.layer_ids", SHORT_COPY_TAPS),)),
+    # EAGLE-3's three taps are the three the 4-layer copy holds; colocated only (the wire is DSpark's, tested above).
+    "eagle3-32k": Case("qwen3-8b-eagle3-32k", "four-layers", False, (("target.layer_ids", SHORT_COPY_TAPS),)),
 }
 WORLDS = {"full-depth": (FULL_DEPTH_LENGTH, 0), "four-layers": (LONG_LENGTH, SHORT_COPY_LAYERS)}
 # Beyond the scale tier's paths, sizes and steps: the anchor floor and rate (sizes) and, on the 4-layer copy
@@ -185,6 +188,20 @@ def test_32k_sequence_trains_on_the_four_layer_copy(colocated_runs) -> None:
     depth_and_records = {"num_hidden_layers", "layer_types", "transformers_version", "dtype", "_name_or_path"}
     assert {key for key in full if saved.get(key) != full[key]} <= depth_and_records
     assert (saved["num_hidden_layers"], saved["num_attention_heads"], saved["vocab_size"]) == (4, 32, 151936)
+
+
+def test_eagle3_32k_trains_exports_and_is_served_at_length(colocated_runs, capsys) -> None:
+    cfg = colocated_runs("eagle3-32k")
+    _check_run("eagle3-32k", cfg)
+    run_dir = Path(cfg.run.output_dir)
+    drop_final_checkpoint(run_dir)
+    export_dir = run_dir.parent / "export"
+    argv = ["export", "--drafter", str(run_dir / "drafter"), "--target", cfg.target.path, "--out", str(export_dir)]
+    assert deepspec(argv) == 0
+    capsys.readouterr()
+    for reading in check_export_dir(export_dir, cfg.target.path):
+        assert reading.unserved is None and reading.captured_layers == cfg.target.layer_ids
+    shutil.rmtree(export_dir)
 
 
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.streamed])
