@@ -159,16 +159,22 @@ def _check_run(name: str, cfg: RecipeConfig) -> list[dict]:
     return datasets
 
 
-def test_full_depth_copy_trains_exports_and_passes_the_engine_rules(colocated_runs, capsys) -> None:
-    name = "dspark-8k"
-    cfg = colocated_runs(name)
-    datasets = _check_run(name, cfg)
+def _export(cfg: RecipeConfig, capsys) -> tuple[Path, Path]:
+    """``deepspec export`` of the run's drafter (its final checkpoint dropped first): (run dir, export dir)."""
     run_dir = Path(cfg.run.output_dir)
     drop_final_checkpoint(run_dir)
     export_dir = run_dir.parent / "export"
     argv = ["export", "--drafter", str(run_dir / "drafter"), "--target", cfg.target.path, "--out", str(export_dir)]
     assert deepspec(argv) == 0
     capsys.readouterr()
+    return run_dir, export_dir
+
+
+def test_full_depth_copy_trains_exports_and_passes_the_engine_rules(colocated_runs, capsys) -> None:
+    name = "dspark-8k"
+    cfg = colocated_runs(name)
+    datasets = _check_run(name, cfg)
+    run_dir, export_dir = _export(cfg, capsys)
     assert_export_reloads(run_dir / "drafter", export_dir, cfg.target.path,
                           validation_batch(cfg, datasets["validation"]))
     readings = {r.engine: r for r in check_export_dir(export_dir, cfg.target.path)}
@@ -193,12 +199,7 @@ def test_32k_sequence_trains_on_the_four_layer_copy(colocated_runs) -> None:
 def test_eagle3_32k_trains_exports_and_is_served_at_length(colocated_runs, capsys) -> None:
     cfg = colocated_runs("eagle3-32k")
     _check_run("eagle3-32k", cfg)
-    run_dir = Path(cfg.run.output_dir)
-    drop_final_checkpoint(run_dir)
-    export_dir = run_dir.parent / "export"
-    argv = ["export", "--drafter", str(run_dir / "drafter"), "--target", cfg.target.path, "--out", str(export_dir)]
-    assert deepspec(argv) == 0
-    capsys.readouterr()
+    _, export_dir = _export(cfg, capsys)
     for reading in check_export_dir(export_dir, cfg.target.path):
         assert reading.unserved is None and reading.captured_layers == cfg.target.layer_ids
     shutil.rmtree(export_dir)
