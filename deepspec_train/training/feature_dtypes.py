@@ -4,9 +4,9 @@ early provably changes nothing the drafter computes.
 With ``train.mixed_precision: bf16`` on CUDA the drafter computes in bf16, and the two target features reach
 bf16 through one rounding whatever dtype they arrive in:
 
-- ``ctx_features`` (the tapped layers): their only reader is ``fc`` (every drafter kind calls
-  ``fc(features.to(fc.weight.dtype))``). Under autocast (DDP, fp32 weights) the linear rounds its input to bf16;
-  with DeepSpeed's bf16 module the ``.to`` does. Rounding fp32 to bf16 on the target side instead, then widening
+- ``ctx_features`` (the tapped layers): their only reader is ``fc`` (which reads them as they come under autocast
+  and cast to its weight dtype otherwise). Under autocast (DDP, fp32 weights) the linear rounds its input to bf16;
+  with DeepSpeed's bf16 module the cast to the bf16 weights does. Rounding fp32 to bf16 on the target side instead, then widening
   to fp32 (exact) and rounding again (a no-op), gives the same bf16 values: cast, for both engines.
 - ``target_hidden`` (final-norm states): the loss reads them once, as ``target_hidden @ W_t`` with the frozen
   target head. Under autocast that matmul rounds both operands to bf16, so the early cast is the same: cast with
