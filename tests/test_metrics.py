@@ -21,7 +21,7 @@ from deepspec_train.metrics.acceptance import (
     slot_index_of_rows,
     tau_analytic,
 )
-from deepspec_train.metrics.calibration import auroc, auroc_soft, brier, ece, reliability_curve
+from deepspec_train.metrics.calibration import auroc, auroc_expected, auroc_soft, brier, ece, reliability_curve
 from deepspec_train.comparison.plots import plot_per_position
 
 # ---------------------------------------------------------------- calibration
@@ -111,6 +111,26 @@ def test_auroc_soft_binarises_at_threshold():
     for threshold in (0.3, 0.5):
         labels = [1 if t >= threshold else 0 for t in targets]
         assert auroc_soft(scores, targets, threshold) == pytest.approx(_brute_auroc(scores, labels), abs=1e-12)
+
+
+def test_auroc_expected_weighs_every_ordered_pair_by_its_chance():
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 5, 50).astype(float)  # frequent ties
+    probs = rng.uniform(0, 1, 50)
+    num = den = 0.0
+    for i, j in itertools.permutations(range(50), 2):
+        w = probs[i] * (1 - probs[j])
+        den += w
+        num += w * (1.0 if scores[i] > scores[j] else 0.5 if scores[i] == scores[j] else 0.0)
+    assert auroc_expected(scores, probs) == pytest.approx(num / den, abs=1e-12)
+    # Hard probabilities reduce it to the plain AUROC; a monotone map of the scores leaves it unchanged.
+    labels = (probs > 0.5).astype(float)
+    assert auroc_expected(scores, labels) == pytest.approx(_brute_auroc(scores, labels), abs=1e-12)
+    assert auroc_expected(np.exp(scores), probs) == pytest.approx(num / den, abs=1e-12)
+    # Outcomes drawn from the probabilities: the empirical AUROC averages to the expected one.
+    draws = [auroc(probs, rng.uniform(0, 1, 50) < probs) for _ in range(4000)]
+    assert np.mean(draws) == pytest.approx(auroc_expected(probs, probs), abs=0.01)
+    assert math.isnan(auroc_expected([0.1, 0.2], [1.0, 1.0]))
 
 
 # ---------------------------------------------------------------- expected acceptance length

@@ -177,6 +177,30 @@ def test_production_counterparts_keep_the_structure_and_take_the_widths() -> Non
         production_counterpart(tiny, 2, "tiny", production=("qwen3-8b-eagle3",))
 
 
+def test_the_tiny_recipes_mirror_production_inside_the_cost_rule() -> None:
+    """Issue 22's rule: the tiny DSpark recipes take the production structure (the RNN head, chosen on validation,
+    or the vanilla one vLLM serves), DFlash its 5 layers, and at Qwen3-8B widths each DSpark drafts a round in at
+    most EAGLE-3's modeled time at batch 1, in at most its 7 sequential layer passes."""
+    from deepspec_train.validation import load_recipe
+
+    production = {r: load_recipe(r, check_target=False).drafter for r in ("qwen3-8b", "qwen3-8b-dflash")}
+    tiny = {r: load_recipe(r, check_target=False) for r in ("tiny-dspark", "tiny-dspark-vanilla", "tiny-dflash",
+                                                             "tiny-eagle3")}
+    for name in ("tiny-dspark", "tiny-dspark-vanilla"):
+        for field in ("num_layers", "block_size", "markov_rank", "confidence_head", "labels"):
+            assert getattr(tiny[name].drafter, field) == getattr(production["qwen3-8b"], field), (name, field)
+    assert (tiny["tiny-dspark"].drafter.markov_head_type, tiny["tiny-dspark-vanilla"].drafter.markov_head_type,
+            production["qwen3-8b"].markov_head_type) == ("rnn", "vanilla", "vanilla")
+    assert tiny["tiny-dflash"].drafter.num_layers == production["qwen3-8b-dflash"].num_layers == 5
+    served = {n: production_counterpart(c.drafter, len(c.target.layer_ids), n) for n, c in tiny.items()}
+    h200 = gpu_spec("H200")
+    eagle = served["tiny-eagle3"]
+    assert eagle.sequential_passes() == 7
+    for name in ("tiny-dspark", "tiny-dspark-vanilla"):
+        assert served[name].sequential_passes() <= eagle.sequential_passes()
+        assert round_times(served[name], h200, 1).draft_s <= round_times(eagle, h200, 1).draft_s
+
+
 def test_the_printed_tables(capsys) -> None:
     main(["--context", "256"])
     out = capsys.readouterr().out

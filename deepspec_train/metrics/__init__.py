@@ -10,13 +10,16 @@ from deepspec_train.metrics.acceptance import (
     slot_index_of_rows,
     tau_analytic,
 )
-from deepspec_train.metrics.calibration import ReliabilityCurve, auroc, auroc_soft, brier, ece, reliability_curve
+from deepspec_train.metrics.calibration import (
+    ReliabilityCurve, auroc, auroc_expected, auroc_soft, brier, ece, reliability_curve,
+)
 
 __all__ = [
     "BlockLengthStats",
     "PositionStats",
     "ReliabilityCurve",
     "auroc",
+    "auroc_expected",
     "auroc_soft",
     "block_expected_lengths",
     "brier",

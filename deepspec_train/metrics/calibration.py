@@ -3,7 +3,8 @@
 The confidence head predicts the conditional acceptance of a draft slot, and its training target ``c*`` is soft
 (a probability in [0, 1], not a 0/1 event). ECE, the reliability curve and the Brier score are defined for soft
 outcomes directly: they compare mean predicted probability with mean outcome. AUROC needs binary labels, so
-``auroc_soft`` thresholds the soft target first. Inputs are anything ``numpy.asarray`` accepts (CPU tensors
+``auroc_soft`` thresholds the soft target first, and ``auroc_expected`` scores against the outcomes the soft target
+would draw (each row a positive with weight ``c*``, a negative with weight ``1 - c*``). Inputs are anything ``numpy.asarray`` accepts (CPU tensors
 included); computation is in float64.
 """
 
@@ -103,3 +104,24 @@ def auroc_soft(scores: ArrayLike, targets: ArrayLike, threshold: float = 0.5) ->
     """
     t = _flat(targets)
     return auroc(scores, (t >= threshold).astype(np.float64))
+
+
+def auroc_expected(scores: ArrayLike, probs: ArrayLike) -> float:
+    """AUROC against outcomes drawn from ``probs``, in expectation over pairs: the probability that row ``i``
+    outscores row ``j != i`` (ties one half), pairs weighted by ``p_i (1 - p_j)``, the chance that ``i`` is the
+    positive and ``j`` the negative. Scored with ``c*`` itself this is the ceiling of any predictor of teacher-forced
+    acceptance; NaN when every ``p`` is 0 or every one is 1."""
+    s, p = _paired(scores, probs)
+    order = np.argsort(s, kind="stable")
+    s, p = s[order], p[order]
+    q = 1.0 - p
+    _, start, counts = np.unique(s, return_index=True, return_counts=True)
+    below = np.concatenate([[0.0], np.cumsum(q)])
+    group_q = np.add.reduceat(q, start)
+    # For each row: the negative weight of strictly lower scores, plus half its tie group's less its own.
+    tie_of_row = np.repeat(np.arange(start.size), counts)
+    lower = below[start][tie_of_row]
+    ties = group_q[tie_of_row] - q
+    numerator = float((p * (lower + 0.5 * ties)).sum())
+    denominator = float(p.sum() * q.sum() - (p * q).sum())
+    return numerator / denominator if denominator > 0 else math.nan

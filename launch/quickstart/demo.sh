@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, from a fresh machine, end to end on CPU:
-#   set up .venv -> build the tiny world (once) -> bench/quality.py: train DSpark, DFlash and EAGLE-3 with one
-#   budget and one data order, decode the built-in code / prose / math suites with exact speculative decoding at
-#   T = 1 and T = 0, print tau ratios with paired-bootstrap intervals, draft cost per round, and the confidence
-#   head's held-out ECE / AUROC -> calibrate DSpark's confidence head (sequential temperature scaling on validation
-#   prompts) -> export the three in their serving layouts and decode a few prompts with each export ->
+#   set up .venv -> build the tiny world (once) -> bench/quality.py: train DSpark, DFlash, EAGLE-3 and DSpark with
+#   the vanilla Markov head (what vLLM serves) with one budget and one data order, decode the built-in code /
+#   prose / math suites with exact speculative decoding at T = 1 and T = 0, print tau ratios with
+#   paired-bootstrap intervals, draft cost per round (measured on CPU, modeled at Qwen3-8B widths), the modeled
+#   speedup at batch 1 and 32, and the confidence head's held-out ECE / AUROC -> calibrate DSpark's confidence head (sequential temperature scaling on validation
+#   prompts) -> export the four in their serving layouts and decode a few prompts with each export ->
 #   comparison plots.
 # Environment knobs: TINYWORLD=DIR (default artifacts/tinyworld), STEPS=N (drafter steps, default the recipes' 600),
 # PROMPTS=N (prompts per suite, default all 50), NEW_TOKENS=N (per answer, default 96), SEEDS=N (sampling seeds at
@@ -28,15 +29,15 @@ if [ ! -f "$TINYWORLD/build_report.json" ]; then
 fi
 
 mkdir -p "$RUNS"
-stamp "benchmark: training tiny-dspark, tiny-dflash, tiny-eagle3, then decoding the suites (log: $RUNS/bench.log)"
+stamp "benchmark: training tiny-dspark, tiny-dflash, tiny-eagle3, tiny-dspark-vanilla, then decoding the suites (log: $RUNS/bench.log)"
 python bench/quality.py --tinyworld "$TINYWORLD" --out "$RUNS" "${bench_args[@]}" > "$RUNS/bench.log" 2>&1 \
     || { tail -40 "$RUNS/bench.log"; exit 1; }
 
 stamp "calibrating tiny-dspark's confidence head on the validation prompts' rounds"
 deepspec calibrate --traces "$RUNS/traces/tiny-dspark_calibration.jsonl" --out "$RUNS/tiny-dspark/calibration"
 
-declare -A LAYOUT=([tiny-dspark]=dspark [tiny-dflash]=dspark [tiny-eagle3]=eagle3)
-for recipe in tiny-dspark tiny-dflash tiny-eagle3; do
+declare -A LAYOUT=([tiny-dspark]=dspark [tiny-dflash]=dspark [tiny-eagle3]=eagle3 [tiny-dspark-vanilla]=dspark)
+for recipe in tiny-dspark tiny-dflash tiny-eagle3 tiny-dspark-vanilla; do
     run="$RUNS/$recipe"
     calibration=()
     [ "$recipe" = tiny-dspark ] && calibration=(--calibration "$run/calibration/calibration.json")
@@ -49,6 +50,6 @@ for recipe in tiny-dspark tiny-dflash tiny-eagle3; do
 done
 
 stamp "comparing"
-deepspec compare "$RUNS/tiny-dspark" "$RUNS/tiny-dflash" "$RUNS/tiny-eagle3" --out "$RUNS/compare" > /dev/null
+deepspec compare "$RUNS/tiny-dspark" "$RUNS/tiny-dflash" "$RUNS/tiny-eagle3" "$RUNS/tiny-dspark-vanilla" --out "$RUNS/compare" > /dev/null
 cat "$RUNS/quality.md"
 stamp "done: table in $RUNS/quality.md, plots in $RUNS/compare/*.png, exports in $RUNS/tiny-*/export"
