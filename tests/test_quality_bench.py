@@ -174,7 +174,7 @@ def test_trace_rounds_keep_the_new_fields_and_old_traces_still_load() -> None:
 
 @pytest.mark.slow
 def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path) -> None:
-    """``bench/quality.py`` as a user runs it: trains the three tiny recipes (a few steps, the `test` world's
+    """``bench/quality.py`` as a user runs it: trains the four tiny recipes (a few steps, the `test` world's
     shapes), decodes at T = 1 and 0, prints the tables, writes results, traces and an offline W&B run."""
     import os
     import subprocess
@@ -185,7 +185,7 @@ def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path
     shared = ["train.global_batch_sequences=4", "train.micro_batch_sequences=2", "anchors.num_per_sequence=8",
               f"drafter.mask_token_id={mask_id}", f"data.cache_dir={tmp_path / 'cache'}", "train.eval_sequences=8",
               "logging.wandb=false"]
-    layer_ids = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]"}
+    layer_ids = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]", "tiny-dspark-vanilla": "[0]"}
     command = [sys.executable, str(repo / "bench" / "quality.py"), "--tinyworld", str(tiny_world),
                "--out", str(tmp_path / "q"), "--steps", "3", "--prompts", "2", "--new-tokens", "8", "--seeds", "2",
                "--bootstrap", "50", "--calibration-prompts", "4", "--no-progress"]
@@ -197,6 +197,7 @@ def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path
     assert "tiny-dspark / tiny-eagle3" in done.stdout and "## Draft cost" in done.stdout
     report = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert set(report["temperatures"]) == {"1", "0"}
+    assert set(report["drafters"]) == set(layer_ids)
     assert report["drafters"]["tiny-eagle3"]["sequential_layer_passes"] == 7
     recipe_layers = load_recipe("tiny-dspark", world_overrides(tiny_world, "tiny-dspark", tmp_path)).drafter.num_layers
     assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == recipe_layers
