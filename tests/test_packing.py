@@ -231,30 +231,6 @@ def test_flex_matches_sdpa_on_random_packings(seed):
         torch.testing.assert_close(flex_out, attend(q, k, v, dense, "sdpa"), atol=1e-5, rtol=0)
 
 
-def test_sdpa_by_query_tiles_equals_one_dense_call(monkeypatch):
-    """The dense-mask path attends tile by tile over the keys each tile may see; outputs and gradients equal one
-    SDPA call over every key (tiles of 16 rows here, so a packing of ~200 queries takes many)."""
-    import torch.nn.functional as F
-    from deepspec_train.models import qwen3_layers
-
-    items, anchors = _items_and_anchors(13, lengths=(70, 45, 90, 33, 61), num_anchors=9)
-    batch = pack_sequences(items, anchors, BLOCK, 400, MASK_ID)[0]
-    dense = dense_mask(batch)
-    monkeypatch.setattr(qwen3_layers, "SDPA_QUERY_TILE", 16)
-    assert dense.shape[0] > 16 * 4
-    g = torch.Generator().manual_seed(13)
-    q, k, v = (torch.randn(2, heads, n, 8, generator=g, requires_grad=True)
-               for heads, n in ((4, dense.shape[0]), (2, dense.shape[1]), (2, dense.shape[1])))
-    tiled = attend(q, k, v, dense, "sdpa")
-    whole = F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True)
-    torch.testing.assert_close(tiled, whole, atol=1e-6, rtol=0)
-    upstream = torch.randn(whole.shape, generator=g)
-    grads_tiled = torch.autograd.grad(tiled, (q, k, v), upstream)
-    grads_whole = torch.autograd.grad(whole, (q, k, v), upstream)
-    for got, expected in zip(grads_tiled, grads_whole):
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-
-
 def test_drafter_flex_path_matches_sdpa_path():
     model = tiny_drafter("dspark")
     items, anchors = _items_and_anchors(12)

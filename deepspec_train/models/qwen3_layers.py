@@ -133,27 +133,6 @@ def _flex(compiled: bool):
     return _compiled_flex
 
 
-# Query rows per SDPA call on the dense-mask path. A packed micro-batch's mask is mostly False (a block sees its own
-# sequence's context and block only), and CPU SDPA does the work of every masked pair, so each tile of queries
-# attends only to the keys some row of the tile may see: 256 rows cover one or two sequences' blocks on the tiny
-# recipes, a few hundred of the micro-batch's thousands of keys.
-SDPA_QUERY_TILE = 256
-
-
-def _sdpa_by_query_tiles(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Dense-mask SDPA, one query tile at a time over the keys the tile's rows may attend to. Exact: a masked key
-    adds nothing to a row's softmax, so leaving it out changes only the order of the sums."""
-    outputs = []
-    for start in range(0, q.shape[-2], SDPA_QUERY_TILE):
-        tile = mask[start:start + SDPA_QUERY_TILE]
-        keys = tile.any(dim=0).nonzero().squeeze(1)
-        outputs.append(F.scaled_dot_product_attention(
-            q[..., start:start + SDPA_QUERY_TILE, :], k.index_select(-2, keys), v.index_select(-2, keys),
-            attn_mask=tile.index_select(-1, keys), enable_gqa=True,
-        ))
-    return torch.cat(outputs, dim=-2)
-
-
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -173,9 +152,7 @@ def attend(
     if backend == "sdpa":
         if isinstance(mask, BlockMask):
             raise TypeError("the sdpa backend needs a dense boolean mask")
-        if mask is None or q.shape[-2] <= SDPA_QUERY_TILE:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return _sdpa_by_query_tiles(q, k, v, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
     if backend == "flex":
         if mask is not None and not isinstance(mask, BlockMask):
             raise TypeError("the flex backend needs a BlockMask")
