@@ -4,8 +4,9 @@
     python bench/quality.py --out runs/quality --reuse            # evaluate runs trained earlier
     python bench/quality.py --override tiny-dspark:drafter.num_layers=5 --steps 300   # an ablation
 
-1. Trains every recipe (default ``tiny-dspark tiny-dflash tiny-eagle3 tiny-dspark-vanilla``: the last is DSpark with
-   the vanilla Markov head, the one vLLM serves; the first is the reference the others are compared with) on the tiny world with one budget (``--steps``, default the recipes') and one data order
+1. Trains every recipe (default ``tiny-dspark tiny-dflash tiny-eagle3 tiny-dspark-vanilla``: the last is DSpark
+   with the vanilla Markov head, the one vLLM serves; the first is the reference the others are compared with) on
+   the tiny world with one budget (``--steps``, default the recipes') and one data order
    (the recipes share ``run.seed``, which alone fixes the sequence order and the anchors), one after the other.
 2. Decodes the built-in suites (code, prose, math) with the exact speculative decoder at each temperature
    (default 1 and 0; ``--seeds`` sampling seeds at T > 0), all drafters interleaved prompt by prompt.

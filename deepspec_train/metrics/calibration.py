@@ -3,9 +3,9 @@
 The confidence head predicts the conditional acceptance of a draft slot, and its training target ``c*`` is soft
 (a probability in [0, 1], not a 0/1 event). ECE, the reliability curve and the Brier score are defined for soft
 outcomes directly: they compare mean predicted probability with mean outcome. AUROC needs binary labels, so
-``auroc_soft`` thresholds the soft target first, and ``auroc_expected`` scores against the outcomes the soft target
-would draw (each row a positive with weight ``c*``, a negative with weight ``1 - c*``). Inputs are anything ``numpy.asarray`` accepts (CPU tensors
-included); computation is in float64.
+``auroc_soft`` thresholds the soft target first, and ``auroc_expected`` scores against the outcomes the soft
+target would draw (each row a positive with weight ``c*``, a negative with weight ``1 - c*``). Inputs are anything
+``numpy.asarray`` accepts (CPU tensors included); computation is in float64.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@
 #   the vanilla Markov head (what vLLM serves) with one budget and one data order, decode the built-in code /
 #   prose / math suites with exact speculative decoding at T = 1 and T = 0, print tau ratios with
 #   paired-bootstrap intervals, draft cost per round (measured on CPU, modeled at Qwen3-8B widths), the modeled
-#   speedup at batch 1 and 32, and the confidence head's held-out ECE / AUROC -> calibrate DSpark's confidence head (sequential temperature scaling on validation
-#   prompts) -> export the four in their serving layouts and decode a few prompts with each export ->
-#   comparison plots.
+#   speedup at batch 1 and 32, and the confidence head's held-out ECE / AUROC -> calibrate DSpark's confidence
+#   head (sequential temperature scaling on validation prompts) -> export the four in their serving layouts and
+#   decode a few prompts with each export -> comparison plots.
 # Environment knobs: TINYWORLD=DIR (default artifacts/tinyworld), STEPS=N (drafter steps, default the recipes' 600),
 # PROMPTS=N (prompts per suite, default all 50), NEW_TOKENS=N (per answer, default 96), SEEDS=N (sampling seeds at
 # T = 1, default 6), RUNS=DIR (default runs/demo).
