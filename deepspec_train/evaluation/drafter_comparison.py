@@ -21,7 +21,6 @@ Draft cost of a round:
 
 from __future__ import annotations
 
-import multiprocessing
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
@@ -96,57 +95,6 @@ class DecodeSettings:
     max_new_tokens: int
 
 
-@dataclass(frozen=True)
-class _DecodeJob:
-    """What every decode of one ``decode_interleaved`` call shares (a forked worker inherits it)."""
-
-    target: PreTrainedModel
-    tokenizer: PreTrainedTokenizerBase
-    drafters: Sequence[BenchDrafter]
-    suites: Sequence[Suite]
-    settings: DecodeSettings
-
-    def units(self) -> list[tuple[int, int, int]]:
-        """Every (seed, suite index, prompt index) in decoding order."""
-        return [(seed, s, i) for seed in self.settings.seeds for s, suite in enumerate(self.suites)
-                for i in range(len(suite.prompts))]
-
-    def decode(self, unit: tuple[int, int, int]) -> list[tuple[list[TraceRound], ConversationStats]]:
-        """One prompt decoded by every drafter in turn: per drafter, its trace rounds and conversation totals."""
-        seed, suite_index, index = unit
-        suite = self.suites[suite_index]
-        prompt = suite.prompts[index]
-        out = []
-        for d in self.drafters:
-            generator = torch.Generator().manual_seed(decode_seed(seed, suite.name, index))
-            decoder = SpeculativeDecoder(
-                self.target, self.tokenizer, d.drafter, d.loaded.target_layer_ids, d.block_size,
-                self.settings.temperature, generator=generator,
-                confidence_temperatures=d.loaded.confidence_temperatures,
-            )
-            turns, _ = decoder.decode_conversation(prompt.turns, self.settings.max_new_tokens)
-            rounds = [r.trace(suite.name, prompt.category, prompt.id, seed) for turn in turns for r in turn.rounds]
-            stats = ConversationStats(suite.name, prompt.category, sum(len(t.tokens) for t in turns),
-                                      sum(t.seconds for t in turns))
-            out.append((rounds, stats))
-        return out
-
-
-# The job a forked decoding worker runs: set in the parent just before the pool forks, so the models are shared
-# copy-on-write instead of pickled.
-_FORKED_JOB: Optional[_DecodeJob] = None
-
-
-def _forked_worker_init() -> None:
-    # Each worker decodes on one core: tiny models gain nothing from a second thread (see ``one_torch_thread``).
-    torch.set_num_threads(1)
-
-
-def _forked_decode(unit: tuple[int, int, int]) -> list[tuple[list[TraceRound], ConversationStats]]:
-    assert _FORKED_JOB is not None, "decoding worker started without a job"
-    return _FORKED_JOB.decode(unit)
-
-
 def decode_interleaved(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -155,43 +103,32 @@ def decode_interleaved(
     settings: DecodeSettings,
     progress: bool = True,
     conversations: Optional[dict[str, list[ConversationStats]]] = None,
-    workers: int = 1,
 ) -> dict[str, list[TraceRound]]:
     """Trace rounds (what ``deepspec eval --save-traces`` writes, with their ``seed``) of every drafter on every
     prompt; each decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when
-    given.
-
-    ``workers > 1`` decodes the prompts in that many forked processes of one thread each (Linux ``fork``: the
-    models are shared, not copied); every decode has its own seeded generator, so the rows are the same as with
-    one worker, in the same order. Each prompt is still decoded by every drafter in turn, in one worker.
-    """
-    global _FORKED_JOB
-    if workers < 1:
-        raise ValueError(f"workers must be at least 1, got {workers}")
-    job = _DecodeJob(target, tokenizer, drafters, suites, settings)
-    units = job.units()
+    given."""
+    temperature, max_new_tokens = settings.temperature, settings.max_new_tokens
     rows: dict[str, list[TraceRound]] = {d.name: [] for d in drafters}
-    with tqdm(total=len(units), desc=f"decode T={settings.temperature:g}", unit="prompt", disable=not progress,
+    total = len(settings.seeds) * sum(len(s.prompts) for s in suites)
+    with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
               dynamic_ncols=True) as bar:
-        if workers == 1:
-            results: Iterable = map(job.decode, units)
-            pool = None
-        else:
-            _FORKED_JOB = job
-            pool = multiprocessing.get_context("fork").Pool(workers, initializer=_forked_worker_init)
-            results = pool.imap(_forked_decode, units)
-        try:
-            for per_drafter in results:
-                for d, (rounds, stats) in zip(drafters, per_drafter):
-                    rows[d.name].extend(rounds)
-                    if conversations is not None:
-                        conversations.setdefault(d.name, []).append(stats)
-                bar.update(1)
-        finally:
-            if pool is not None:
-                pool.terminate()
-                pool.join()
-                _FORKED_JOB = None
+        for seed in settings.seeds:
+            for suite in suites:
+                for index, prompt in enumerate(suite.prompts):
+                    for d in drafters:
+                        generator = torch.Generator().manual_seed(decode_seed(seed, suite.name, index))
+                        decoder = SpeculativeDecoder(
+                            target, tokenizer, d.drafter, d.loaded.target_layer_ids, d.block_size, temperature,
+                            generator=generator, confidence_temperatures=d.loaded.confidence_temperatures,
+                        )
+                        turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
+                        rows[d.name].extend(r.trace(suite.name, prompt.category, prompt.id, seed)
+                                            for turn in turns for r in turn.rounds)
+                        if conversations is not None:
+                            conversations.setdefault(d.name, []).append(ConversationStats(
+                                suite.name, prompt.category, sum(len(t.tokens) for t in turns),
+                                sum(t.seconds for t in turns)))
+                    bar.update(1)
     return rows
 
 
