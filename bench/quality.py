@@ -4,12 +4,16 @@
     python bench/quality.py --out runs/quality --reuse            # evaluate runs trained earlier
     python bench/quality.py --override tiny-dspark:drafter.num_layers=5 --steps 300   # an ablation
 
-1. Trains every recipe (default ``tiny-dspark tiny-dflash tiny-eagle3 tiny-dspark-vanilla``: the last is DSpark
+1. Trains every recipe (default ``tiny-dspark tiny-dspark-vanilla tiny-dflash tiny-eagle3``: the second is DSpark
    with the vanilla Markov head, the one vLLM serves; the first is the reference the others are compared with) on
    the tiny world with one budget (``--steps``, default the recipes') and one data order
-   (the recipes share ``run.seed``, which alone fixes the sequence order and the anchors), one after the other.
+   (the recipes share ``run.seed``, which alone fixes the sequence order and the anchors), ``--train-jobs`` at a
+   time (default one after the other), the machine's cores shared evenly between the jobs running together. Jobs
+   start in the order of ``--recipes``; the default lists the costliest to train first, so that with two jobs the
+   short ones fill in beside the long ones.
 2. Decodes the built-in suites (code, prose, math) with the exact speculative decoder at each temperature
-   (default 1 and 0; ``--seeds`` sampling seeds at T > 0), all drafters interleaved prompt by prompt.
+   (default 1 and 0; ``--seeds`` sampling seeds at T > 0), all drafters interleaved prompt by prompt, in
+   ``--decode-workers`` one-thread processes (default one per core; the rows do not depend on the count).
 3. Prints, per temperature and category, each drafter's tau and the reference's tau ratio against every other
    drafter with a paired bootstrap over prompts (standard error and 95% interval), their geometric mean over the
    categories, and each drafter's draft cost: sequential layer passes per round and measured draft ms per round.
@@ -34,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -61,7 +64,7 @@ from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePromp
 from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
 from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
 
-DEFAULT_RECIPES = ("tiny-dspark", "tiny-dflash", "tiny-eagle3", "tiny-dspark-vanilla")
+DEFAULT_RECIPES = ("tiny-dspark", "tiny-dspark-vanilla", "tiny-dflash", "tiny-eagle3")
 GOAL_RATIO = 1.25
 # The modeled-speedup ratio of the reference against each other drafter at batch 1 should reach this (issue 22).
 GOAL_SPEEDUP_RATIO = 1.2
@@ -89,7 +92,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates")
     p.add_argument("--calibration-prompts", type=int, default=None, help="validation prompts for the STS fit")
-    p.add_argument("--threads", type=int, default=1, help="torch threads while decoding (tiny models: 1 is fastest)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of the main process while decoding (tiny models: 1 is fastest)")
+    p.add_argument("--decode-workers", type=int, default=len(os.sched_getaffinity(0)),
+                   help="one-thread decoding processes, spawned (default: one per core)")
+    p.add_argument("--train-jobs", type=int, default=1,
+                   help="recipes trained at the same time, each on cores / jobs threads (default 1)")
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
@@ -108,12 +116,11 @@ def recipe_overrides(args: argparse.Namespace) -> dict[str, list[str]]:
     return per_recipe
 
 
-def train(recipe: str, overrides: list[str], args: argparse.Namespace, world: Path, out: Path) -> dict[str, float]:
-    """Train one recipe into ``out`` (a subprocess, exactly as a user runs it); returns its wall seconds and CPU
-    seconds (user + system of the subprocess: on a shared machine the better guide to its time alone)."""
+def train_command(recipe: str, overrides: list[str], args: argparse.Namespace, world: Path, out: Path) -> list[str]:
+    """The ``train.py`` command line that trains one recipe into ``out``, exactly as a user runs it."""
     steps = [] if args.steps is None else [f"train.max_steps={args.steps}"]
     every = args.steps or 10**9
-    command = [
+    return [
         sys.executable, str(REPO / "train.py"), f"recipe={recipe}", f"target.path={world / 'target'}",
         f"data.train=[{world / 'conversations' / 'train.jsonl'}]",
         f"data.validation=[{world / 'conversations' / 'validation.jsonl'}]",
@@ -122,12 +129,38 @@ def train(recipe: str, overrides: list[str], args: argparse.Namespace, world: Pa
         f"train.checkpoint_every={every}",
         f"logging.progress={str(not args.no_progress).lower()}", *overrides,
     ]
-    print("train:", " ".join(command[1:]), flush=True)
-    start, before = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run(command, check=True, cwd=REPO)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"wall_s": time.time() - start, "cpu_s": cpu}
+
+
+def train_all(commands: dict[str, list[str]], jobs: int, log_dir: Path) -> dict[str, dict[str, float]]:
+    """Run the training commands ``jobs`` at a time, each with ``cores // jobs`` torch threads; per recipe, its
+    wall seconds and CPU seconds (user + system of its process tree: on a shared machine the better guide to its
+    time alone). With more than one job each run's output goes to ``log_dir / RECIPE.log``."""
+    if jobs < 1:
+        raise SystemExit(f"--train-jobs must be at least 1, got {jobs}")
+    threads = max(1, len(os.sched_getaffinity(0)) // jobs)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if jobs > 1 else None
+    pending, running, seconds = list(commands), {}, {}
+    while pending or running:
+        while pending and len(running) < jobs:
+            recipe = pending.pop(0)
+            print("train:", " ".join(commands[recipe][1:]), flush=True)
+            log = open(log_dir / f"{recipe}.log", "w") if jobs > 1 else None
+            process = subprocess.Popen(commands[recipe], cwd=REPO, env=env, stdout=log, stderr=log)
+            running[process.pid] = (recipe, process, log, time.time())
+        pid, status, usage = os.wait4(-1, 0)
+        if pid not in running:
+            continue
+        recipe, process, log, start = running.pop(pid)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        if log is not None:
+            log.close()
+        if process.returncode != 0:
+            for _, other, _, _ in running.values():
+                other.terminate()
+            where = f" (log: {log_dir / f'{recipe}.log'})" if log is not None else ""
+            raise SystemExit(f"training {recipe} failed with exit code {process.returncode}{where}")
+        seconds[recipe] = {"wall_s": time.time() - start, "cpu_s": usage.ru_utime + usage.ru_stime}
+    return seconds
 
 
 def calibration_suite(world: Path, limit: int | None) -> Suite:
@@ -153,7 +186,8 @@ def confidence_report(args, target, tokenizer, reference: BenchDrafter, world: P
     """STS fit on validation prompts at T = 1, scored on the suites' T = 1 rounds of the reference."""
     suite = calibration_suite(world, args.calibration_prompts)
     settings = DecodeSettings(1.0, tuple(range(args.seeds)), args.new_tokens)
-    by_drafter = decode_interleaved(target, tokenizer, [reference], [suite], settings, not args.no_progress)
+    by_drafter = decode_interleaved(target, tokenizer, [reference], [suite], settings, not args.no_progress,
+                                    workers=args.decode_workers)
     fit_rows = by_drafter[reference.name]
     write_traces(out / "traces" / f"{reference.name}_calibration.jsonl", fit_rows)
     write_traces(out / "traces" / f"{reference.name}_T1_heldout.jsonl", test_rows)
@@ -184,12 +218,9 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"{world}: no tiny world (build one: deepspec tinyworld build --out {world})")
     out.mkdir(parents=True, exist_ok=True)
     overrides = recipe_overrides(args)
-    train_seconds = {}
-    for recipe in args.recipes:
-        run = out / recipe
-        if args.reuse and (run / "drafter").is_dir():
-            continue
-        train_seconds[recipe] = train(recipe, overrides[recipe], args, world, run)
+    commands = {recipe: train_command(recipe, overrides[recipe], args, world, out / recipe) for recipe in args.recipes
+                if not (args.reuse and (out / recipe / "drafter").is_dir())}
+    train_seconds = train_all(commands, args.train_jobs, out)
 
     torch.set_num_threads(args.threads)
     target_path = world / "target"
@@ -211,7 +242,8 @@ def main(argv: list[str]) -> int:
         seeds = list(range(args.seeds)) if temperature > 0 else [0]
         conversations: dict[str, list[ConversationStats]] = {}
         settings = DecodeSettings(temperature, tuple(seeds), args.new_tokens)
-        rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress, conversations)
+        rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress, conversations,
+                                  args.decode_workers)
         rows_at[temperature] = rows
         for d in drafters:
             write_traces(out / "traces" / f"{d.name}_T{temperature:g}.jsonl", rows[d.name])

@@ -131,6 +131,15 @@ def test_interleaved_decoding_is_order_independent_and_tabulates(tiny_target) ->
     alone = decode_interleaved(target, tokenizer, drafters[2:], suites, settings, progress=False)
     untimed = [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in rows["eagle3"]]
     assert untimed == [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in alone["eagle3"]]
+    # Two worker processes decode the same rounds, in the same order, with the same per-conversation counts.
+    parallel_conversations: dict = {}
+    parallel = decode_interleaved(target, tokenizer, drafters, suites, settings, False, parallel_conversations,
+                                  workers=2)
+    for name in rows:
+        assert [dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in parallel[name]] == [
+            dataclasses.replace(r, draft_seconds=None, draft_cpu_seconds=None) for r in rows[name]]
+        assert [(c.suite, c.new_tokens) for c in parallel_conversations[name]] == [
+            (c.suite, c.new_tokens) for c in conversations[name]]
     assert {r.seed for r in rows["dspark"]} == {0, 1}
     totals = totals_by_category(rows)
     assert sorted(totals) == ["code", "prose"] and totals["code"]["dspark"].emitted.size == 2
@@ -175,7 +184,8 @@ def test_trace_rounds_keep_the_new_fields_and_old_traces_still_load() -> None:
 @pytest.mark.slow
 def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path) -> None:
     """``bench/quality.py`` as a user runs it: trains the four tiny recipes (a few steps, the `test` world's
-    shapes), decodes at T = 1 and 0, prints the tables, writes results, traces and an offline W&B run."""
+    shapes, two at a time), decodes at T = 1 and 0 in two worker processes, prints the tables, writes results,
+    traces and an offline W&B run."""
     import os
     import subprocess
     import sys
@@ -188,7 +198,8 @@ def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path
     layer_ids = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]", "tiny-dspark-vanilla": "[0]"}
     command = [sys.executable, str(repo / "bench" / "quality.py"), "--tinyworld", str(tiny_world),
                "--out", str(tmp_path / "q"), "--steps", "3", "--prompts", "2", "--new-tokens", "8", "--seeds", "2",
-               "--bootstrap", "50", "--calibration-prompts", "4", "--no-progress"]
+               "--bootstrap", "50", "--calibration-prompts", "4", "--no-progress", "--train-jobs", "2",
+               "--decode-workers", "2"]
     command += [a for o in shared for a in ("--override-all", o)]
     command += [a for r, ids in layer_ids.items() for a in ("--override", f"{r}:target.layer_ids={ids}")]
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
@@ -198,6 +209,10 @@ def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path
     report = json.loads((tmp_path / "q" / "quality.json").read_text())
     assert set(report["temperatures"]) == {"1", "0"}
     assert set(report["drafters"]) == set(layer_ids)
+    # Two recipes trained at a time, each logging to its own file, each timed on its own process tree.
+    for recipe in layer_ids:
+        assert "steps" in (tmp_path / "q" / f"{recipe}.log").read_text()
+        assert report["drafters"][recipe]["train"]["cpu_s"] > 0
     assert report["drafters"]["tiny-eagle3"]["sequential_layer_passes"] == 7
     recipe_layers = load_recipe("tiny-dspark", world_overrides(tiny_world, "tiny-dspark", tmp_path)).drafter.num_layers
     assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == recipe_layers

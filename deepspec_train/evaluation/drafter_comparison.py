@@ -21,6 +21,9 @@ Draft cost of a round:
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import tempfile
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
@@ -95,6 +98,59 @@ class DecodeSettings:
     max_new_tokens: int
 
 
+@dataclass(frozen=True)
+class _DecodeJob:
+    """What every decode of one ``decode_interleaved`` call shares (saved once for the worker processes)."""
+
+    target: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    drafters: Sequence[BenchDrafter]
+    suites: Sequence[Suite]
+    settings: DecodeSettings
+
+    def units(self) -> list[tuple[int, int, int]]:
+        """Every (seed, suite index, prompt index) in decoding order."""
+        return [(seed, s, i) for seed in self.settings.seeds for s, suite in enumerate(self.suites)
+                for i in range(len(suite.prompts))]
+
+    def decode(self, unit: tuple[int, int, int]) -> list[tuple[list[TraceRound], ConversationStats]]:
+        """One prompt decoded by every drafter in turn: per drafter, its trace rounds and conversation totals."""
+        seed, suite_index, index = unit
+        suite = self.suites[suite_index]
+        prompt = suite.prompts[index]
+        out = []
+        for d in self.drafters:
+            generator = torch.Generator().manual_seed(decode_seed(seed, suite.name, index))
+            decoder = SpeculativeDecoder(
+                self.target, self.tokenizer, d.drafter, d.loaded.target_layer_ids, d.block_size,
+                self.settings.temperature, generator=generator,
+                confidence_temperatures=d.loaded.confidence_temperatures,
+            )
+            turns, _ = decoder.decode_conversation(prompt.turns, self.settings.max_new_tokens)
+            rounds = [r.trace(suite.name, prompt.category, prompt.id, seed) for turn in turns for r in turn.rounds]
+            stats = ConversationStats(suite.name, prompt.category, sum(len(t.tokens) for t in turns),
+                                      sum(t.seconds for t in turns))
+            out.append((rounds, stats))
+        return out
+
+
+# The job of a decoding worker process, loaded once by ``_start_worker``.
+_WORKER_JOB: Optional[_DecodeJob] = None
+
+
+def _start_worker(job_path: str) -> None:
+    global _WORKER_JOB
+    # Each worker decodes on one core: tiny models gain nothing from a second thread (see ``one_torch_thread``).
+    torch.set_num_threads(1)
+    _WORKER_JOB = torch.load(job_path, weights_only=False)
+
+
+def _worker_decode(unit: tuple[int, int, int]) -> list[tuple[list[TraceRound], ConversationStats]]:
+    if _WORKER_JOB is None:
+        raise RuntimeError("decoding worker started without a job")
+    return _WORKER_JOB.decode(unit)
+
+
 def decode_interleaved(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -103,32 +159,42 @@ def decode_interleaved(
     settings: DecodeSettings,
     progress: bool = True,
     conversations: Optional[dict[str, list[ConversationStats]]] = None,
+    workers: int = 1,
 ) -> dict[str, list[TraceRound]]:
     """Trace rounds (what ``deepspec eval --save-traces`` writes, with their ``seed``) of every drafter on every
     prompt; each decoded conversation's new tokens and seconds are appended to ``conversations[drafter]`` when
-    given."""
-    temperature, max_new_tokens = settings.temperature, settings.max_new_tokens
+    given.
+
+    ``workers > 1`` decodes the prompts in that many worker processes of one thread each. They are spawned, not
+    forked (a fork copies the locks that other threads of this process hold, such as a test runner's, and can
+    hang), and each loads the models from one file this call saves. Every decode has its own seeded generator,
+    so the rows are the same as with one worker, in the same order; each prompt is still decoded by every
+    drafter in turn, in one worker.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    job = _DecodeJob(target, tokenizer, drafters, suites, settings)
+    units = job.units()
     rows: dict[str, list[TraceRound]] = {d.name: [] for d in drafters}
-    total = len(settings.seeds) * sum(len(s.prompts) for s in suites)
-    with tqdm(total=total, desc=f"decode T={temperature:g}", unit="prompt", disable=not progress,
-              dynamic_ncols=True) as bar:
-        for seed in settings.seeds:
-            for suite in suites:
-                for index, prompt in enumerate(suite.prompts):
-                    for d in drafters:
-                        generator = torch.Generator().manual_seed(decode_seed(seed, suite.name, index))
-                        decoder = SpeculativeDecoder(
-                            target, tokenizer, d.drafter, d.loaded.target_layer_ids, d.block_size, temperature,
-                            generator=generator, confidence_temperatures=d.loaded.confidence_temperatures,
-                        )
-                        turns, _ = decoder.decode_conversation(prompt.turns, max_new_tokens)
-                        rows[d.name].extend(r.trace(suite.name, prompt.category, prompt.id, seed)
-                                            for turn in turns for r in turn.rounds)
-                        if conversations is not None:
-                            conversations.setdefault(d.name, []).append(ConversationStats(
-                                suite.name, prompt.category, sum(len(t.tokens) for t in turns),
-                                sum(t.seconds for t in turns)))
-                    bar.update(1)
+
+    def collect(results: Iterable[list[tuple[list[TraceRound], ConversationStats]]]) -> None:
+        with tqdm(total=len(units), desc=f"decode T={settings.temperature:g}", unit="prompt", disable=not progress,
+                  dynamic_ncols=True) as bar:
+            for per_drafter in results:
+                for d, (rounds, stats) in zip(drafters, per_drafter):
+                    rows[d.name].extend(rounds)
+                    if conversations is not None:
+                        conversations.setdefault(d.name, []).append(stats)
+                bar.update(1)
+
+    if workers == 1:
+        collect(map(job.decode, units))
+        return rows
+    with tempfile.TemporaryDirectory(prefix="decode-job-") as scratch:
+        job_path = os.path.join(scratch, "job.pt")
+        torch.save(job, job_path)
+        with multiprocessing.get_context("spawn").Pool(workers, _start_worker, (job_path,)) as pool:
+            collect(pool.imap(_worker_decode, units))
     return rows
 
 
