@@ -89,8 +89,9 @@ def test_one_command_compares_three_drafters_on_every_suite(world, tmp_path, mon
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "table1"
+    # Two decoding processes: every assertion below recounts their rows against the tables built from them.
     argv = _comparison(world, out, "--baseline", "eagle3", "--temperature", "1", "0", "--seed", "0", "1",
-                       "--max-prompts", "1", "--wandb", "--wandb-group", "tiny-target")
+                       "--max-prompts", "1", "--wandb", "--wandb-group", "tiny-target", "--workers", "2")
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "| dspark / eagle3 |" in printed and "| tau dflash |" in printed
@@ -141,6 +142,7 @@ def test_comparison_inputs_fail_in_one_line(world, tmp_path, capsys):
     cases = [
         (_comparison(world, tmp_path / "a", "--baseline", "medusa"), "--baseline 'medusa'"),
         (_comparison(world, tmp_path / "b", "--block-size", "2"), "--block-size"),
+        (_comparison(world, tmp_path / "w", "--workers", "0"), "--workers must be at least 1"),
         (_comparison(world, tmp_path / "c", "--drafter", f"dspark={world['drafters']['dflash']}"), "distinct"),
         (["eval", "--target", str(world["root"] / "target"), "--drafter", str(world["drafters"]["dspark"]),
           "--suite", f"gsm8k={world['suites']['gsm8k']}", "--temperature", "1", "0", "--out", str(tmp_path / "r.json")],

@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--baseline", default=None, help="comparison: the drafter of the ratios' denominator "
                         "(default: the first --drafter)")
     parser.add_argument("--bootstrap-replicates", type=int, default=2000, help="comparison: paired bootstrap draws")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="comparison: decoding processes of one thread each, on the CPU (the rows do not depend "
+                        "on the count)")
     parser.add_argument("--wandb", action="store_true", help="comparison: one W&B run per drafter (offline unless "
                         "WANDB_MODE says otherwise)")
     parser.add_argument("--wandb-project", default="deepspec", help="comparison: W&B project")

@@ -5,13 +5,13 @@ temperature and seed, summarised as the paper's Table 1 (``evaluation.table1``).
         --drafter dspark=runs/dspark/drafter --drafter eagle3=runs/eagle3/drafter --baseline eagle3 \\
         --temperature 1 0 --seed 0 1 2 --max-prompts 20 --out reports/table1 [--wandb]
 
-Decoding is interleaved prompt by prompt (``quality_bench.decode_interleaved``), so load on a shared machine
-falls on all drafters alike; each (seed, suite, prompt) decode has its own generator seed, the same for every
-drafter. At temperature 0 decoding is greedy and only the first seed is decoded. Each drafter drafts its own
-trained block size. The output directory gets ``table1.md`` and ``table1.json`` (every temperature),
-``tau_per_suite_T<t>.png``, ``conditional_acceptance_<suite>_T<t>.png`` and
-``tau_by_{answer,context}_position_<suite>_T<t>.png`` (tau per position bucket, one line per drafter), per
-drafter and temperature the trace rounds (``traces/<drafter>_T<t>.jsonl``) and ``deepspec eval``'s ``results.json``
+Decoding is interleaved prompt by prompt (``drafter_comparison.decode_interleaved``, in ``--workers`` processes of
+one thread each on the CPU), so load on a shared machine falls on all drafters alike; each (seed, suite, prompt)
+decode has its own generator seed, the same for every drafter. At temperature 0 decoding is greedy and only the
+first seed is decoded. Each drafter drafts its own trained block size. The output directory gets ``table1.md`` and
+``table1.json`` (every temperature), ``tau_per_suite_T<t>.png``, ``conditional_acceptance_<suite>_T<t>.png`` and
+``tau_by_{answer,context}_position_<suite>_T<t>.png`` (tau per position bucket, one line per drafter), per drafter
+and temperature the trace rounds (``traces/<drafter>_T<t>.jsonl``) and ``deepspec eval``'s ``results.json``
 (``<drafter>/results_T<t>.json``, which ``deepspec compare`` reads), and with ``--wandb`` one W&B run per drafter
 (``evaluation.wandb_runs``).
 """
@@ -88,6 +88,10 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
     """The multi-drafter ``deepspec eval``; ``args`` are the verb's (``evaluation.cli``)."""
     if args.block_size is not None:
         raise UserError("--block-size applies to one drafter; in a comparison each drafter drafts its trained block")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    if args.workers > 1 and torch.device(args.device).type != "cpu":
+        raise UserError(f"--workers {args.workers} decodes in CPU processes; with --device {args.device} use 1")
     specs = named_drafters(args.drafter)
     baseline = args.baseline or specs[0][0]
     if baseline not in {n for n, _ in specs}:
@@ -106,7 +110,8 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
         seeds = args.seed[:1] if temperature == 0 else args.seed
         conversations: dict[str, list[ConversationStats]] = {}
         decoding = DecodeSettings(temperature, tuple(seeds), args.max_new_tokens)
-        rows = decode_interleaved(target, tokenizer, drafters, suites, decoding, not args.no_progress, conversations)
+        rows = decode_interleaved(target, tokenizer, drafters, suites, decoding, not args.no_progress, conversations,
+                                  args.workers)
         settings = TableSettings(baseline, temperature, tuple(seeds), tuple(s.name for s in suites),
                                  args.bootstrap_replicates)
         table = build_table1(rows, {d.name: d.block_size for d in drafters},
