@@ -13,6 +13,7 @@ in ``tests/test_losslessness.py``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.packing.packer import pack_sequences
 from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item
 from tests.helpers.tiny_geometry import BLOCK, MASK_ID, TINY_GEOMETRY, VOCAB
+from tests.helpers.streaming_world import free_port
 from tests.helpers.tiny_world_overrides import training_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,15 +145,18 @@ def test_reduced_vocab_dspark_trains_colocated_and_streamed_and_reloads(tiny_wor
     the target worker counts the tokens that choose the draft vocabulary for the drafter worker."""
     draft = 128
     runs = {}
+    # torchrun gives each worker one intra-op thread; the colocated run gets the same, since a CPU reduction split
+    # over two threads sums in another order and the runs would then differ in the last bits.
+    env = dict(os.environ, OMP_NUM_THREADS="1")
     for mode, launch in {"colocated": [sys.executable], "streamed": [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29631",
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
     ]}.items():
         out = tmp_path / mode
         args = ["recipe=tiny-dspark-v1k", f"drafter.draft_vocab_size={draft}", *training_overrides(tiny_world, "tiny-dspark", out, 3),
                 "logging.wandb=false"]
         if mode == "streamed":
             args.append("topology.target_workers=1")
-        proc = subprocess.run([*launch, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run([*launch, "train.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         records = [json.loads(line) for line in (out / "run" / "metrics.jsonl").read_text().splitlines()]
         runs[mode] = (out / "run", [r["train/loss"] for r in records if "train/loss" in r])
