@@ -1,7 +1,7 @@
 """Shared fixtures: the session's tiny world (built once with the `test` preset), the random-weight worlds of the
 multi-process streaming tests and of the mixture-of-experts tests, one torch thread for the modules that decode
 with tiny models, the scripted HTTP servers of the regeneration tests, and the skip rules of the `gpu` tier
-(without CUDA) and the `slurm` tier (unless ``-m slurm``).
+(without CUDA), the `slurm` tier (unless ``-m slurm``) and the `full` tier (unless ``-m full``).
 
 Set DEEPSPEC_TINYWORLD_DIR to a tiny world built earlier (`deepspec tinyworld build --preset test --out DIR`)
 to skip the build while iterating locally; CI always builds a fresh one.
@@ -18,19 +18,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers.opt_in_markers import names_marker
+from tests.helpers.opt_in_markers import full_tier_selected, names_marker
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip the `gpu` tier without CUDA, and the `slurm` tier unless ``-m`` names it (it installs and starts
-    Slurm)."""
+    """Skip the `gpu` tier without CUDA, the `slurm` tier unless ``-m`` names it (it installs and starts Slurm), and
+    the `full` tier unless ``-m`` names it (the cross product behind the default run's checks)."""
     skips = {}
     if not torch.cuda.is_available():
         skips["gpu"] = pytest.mark.skip(reason="needs CUDA (gpu tier); this machine has no GPU")
     if not names_marker(config.getoption("markexpr"), "slurm"):
         skips["slurm"] = pytest.mark.skip(reason="Slurm tier (installs and starts Slurm): opt in with -m slurm")
+    if not full_tier_selected(config):
+        skips["full"] = pytest.mark.skip(reason="full tier (the cross product of production dimensions): opt in "
+                                                "with -m full or test.sh --full")
     for item in items:
         for marker, skip in skips.items():
             if item.get_closest_marker(marker) is not None:

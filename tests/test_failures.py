@@ -1,6 +1,6 @@
 """Failure handling in streamed mode: when the target worker is killed mid-run, every drafter worker exits
-non-zero within ``stream.timeout_s`` with a message naming the dead target worker as dead; when it is stopped
-(SIGSTOP), with a message naming it as timed out; when a drafter is killed inside the drafters' gradient
+non-zero with a message naming the dead target worker as dead (the death seen, not the deadline); when it is
+stopped (SIGSTOP), with a message naming it as timed out, not before ``stream.timeout_s``; when a drafter is killed inside the drafters' gradient
 all-reduce, the other drafter names it as dead instead of failing with a traceback. Nothing hangs."""
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ def error_lines(log_dir: Path, rank: int) -> list[str]:
 
 def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_world, tmp_path) -> None:
     codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGKILL)
-    assert all(code not in (0, None) for code in codes), (codes, logs)
-    assert elapsed < TIMEOUT_S + 10, (elapsed, logs)
+    # Ended (``fail_a_rank`` waits stream.timeout_s + 15 s at most), and by the death being seen, not by the
+    # deadline: the event the message names, rather than a wall-clock bound a loaded machine would stretch.
+    assert all(code not in (0, None) for code in codes), (codes, elapsed, logs)
     for rank in (1, 2):
         (line,) = error_lines(tmp_path / "logs", rank)
         assert f"drafter worker {rank - 1} (rank {rank})" in line and "target worker 0 (rank 0)" in line, logs
@@ -44,8 +45,9 @@ def test_killing_the_target_stops_every_drafter_with_a_named_error(streaming_wor
 def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path) -> None:
     codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGSTOP)
     assert all(code not in (0, None) for code in codes), (codes, logs)
-    # A stopped peer keeps its connections open: only the deadline can catch it.
-    assert TIMEOUT_S - 1 < elapsed < TIMEOUT_S + 10, (elapsed, logs)
+    # A stopped peer keeps its connections open: only the deadline can catch it, so not before it (a lower bound,
+    # which load can only lengthen); that it did end is the codes above.
+    assert TIMEOUT_S - 1 < elapsed, (elapsed, logs)
     for rank in (1, 2):
         (line,) = error_lines(tmp_path / "logs", rank)
         assert f"drafter worker {rank - 1} (rank {rank})" in line and "target worker 0 (rank 0) timed out" in line, logs
@@ -55,7 +57,7 @@ def test_stopping_the_target_is_reported_as_a_timeout(streaming_world, tmp_path)
 
 def test_a_drafter_killed_in_the_all_reduce_is_named_by_the_other_drafter(streaming_world, tmp_path) -> None:
     codes, elapsed, logs = fail_a_rank(streaming_world, tmp_path, signal.SIGKILL, rank=2)
-    assert all(code not in (0, None) for code in codes) and elapsed < TIMEOUT_S + 10, (codes, elapsed, logs)
+    assert all(code not in (0, None) for code in codes), (codes, elapsed, logs)
     (line,) = error_lines(tmp_path / "logs", 1)
     # The target worker may have exited on the same death before this drafter looked: then both are named.
     assert line.startswith("error: [rank 1] drafter worker 0 (rank 1): "), logs

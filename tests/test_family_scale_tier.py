@@ -6,8 +6,10 @@
 special ids, the real chat format; GPT-OSS in harmony, an answer's reasoning in the analysis channel).
 
 For each recipe, as ``tests/test_scale_tier.py`` does for Qwen3: the recipe changes only in paths, sizes and step
-count; 2 steps colocated and 2 steps streamed (one target worker, one drafter worker, two real processes over
-gloo through ``train.py``'s entry, all recipes in one launch) give equal losses and equal final weights;
+count; it trains 2 steps colocated; in the `full` tier (``-m full``) also 2 steps streamed (one target worker, one
+drafter worker, two real processes over gloo through ``train.py``'s entry, all recipes in one launch), with equal
+losses and equal final weights (the default run checks streamed = colocated once per drafter kind and topology:
+the wire carries the same tensors whatever family computed them);
 ``deepspec export`` writes the default layout, the loader reloads it and its outputs on a validation batch of real
 target features equal the trained drafter's; and the engine readings are the family's: every engine that
 serves the layout for the architecture captures exactly the trained taps (as at the real shapes), every other
@@ -46,6 +48,7 @@ from deepspec_train.training.distributed import DistContext
 from deepspec_train.validation import load_recipe
 from tests.helpers.tiny_drafter import drafter_outputs
 from tests.helpers.family_world import FAMILY_TIER, build_family_world
+from tests.helpers.opt_in_markers import selected_params
 from tests.helpers.scale_world import scale_overrides
 from tests.helpers.streaming_world import free_port, read_logs, start_ranks, step_losses, wait_all
 from tests.helpers.scale_checks import CHANGED_KEYS, assert_parses_as_the_drafter, drop_final_checkpoint, flat_config
@@ -74,10 +77,15 @@ def _overrides(worlds: dict, root: Path, recipe: str, mode: str, target_workers:
 
 
 @pytest.fixture(scope="module")
-def streamed(family_root: Path, family_worlds: dict):
-    """All recipes streamed in one 2-process launch, started before the colocated runs; ``wait()`` joins it."""
+def streamed(request: pytest.FixtureRequest, family_root: Path, family_worlds: dict):
+    """The recipes this pytest run streams (full tier) in one 2-process launch, started before the colocated runs;
+    ``wait()`` joins it."""
+    recipes = selected_params(request.session, "test_family_streamed_run_matches_colocated", "recipe")
+    if not recipes:
+        yield None
+        return
     runs = [{"port": free_port(), "argv": [f"recipe={r}", *_overrides(family_worlds, family_root, r, "streamed", 1)]}
-            for r in FAMILY_TIER]
+            for r in recipes]
     runs_file = family_root / "streamed_runs.json"
     runs_file.write_text(json.dumps(runs))
     log_dir = family_root / "streamed_logs"
@@ -167,6 +175,7 @@ def test_family_recipe_trains_exports_reloads_and_passes_the_engine_rules(recipe
             assert f"{engine}: not served: {reading.unserved}" in printed
 
 
+@pytest.mark.full
 @pytest.mark.parametrize("recipe", list(FAMILY_TIER))
 def test_family_streamed_run_matches_colocated(recipe: str, colocated, streamed, family_root: Path) -> None:
     local = Path(colocated(recipe).run.output_dir)

@@ -1,22 +1,28 @@
 """Long-context tier: the 32K production recipes train at length on scale copies of Qwen3-8B.
 
-- (a) Full depth at 8,192 tokens: the Qwen3-8B scale copy (all 36 decoder layers, 32/8 heads, vocabulary
-  151,936, widths shrunk as in ``tests/test_scale_tier.py``) trains 2 steps with ``qwen3-8b-32k`` changed only in
-  paths, sizes and steps (``data.max_length`` 8,192, one sequence a step, the anchor rule scaled down); colocated and streamed (1
-  target + 1 drafter process over gloo) give equal losses and bit-identical weights; the export reloads to the
-  trained drafter and passes both engines' rules.
-- (b) 32,768 tokens: a 4-layer copy with the same heads and vocabulary (three taps, the most 4 layers hold) trains
-  ``qwen3-8b-32k`` 2 steps on one long thinking conversation (short prompt, a reasoning trace and answer that
-  reach the end of the sequence), colocated and streamed, with equal losses and weights.
-- (c) At 32,768 context rows and the scale copy's widths, activation checkpointing on and off give the same loss
-  and gradients for both recipes' drafters, DSpark and EAGLE-3 (the tiny-shape check of every kind is
-  ``test_activation_checkpointing``); ``qwen3-8b-eagle3-32k`` also trains 2 steps colocated on the 4-layer copy at
-  32,768 tokens, exports and is served by both engines (at full depth only in the scale tier's ``qwen3-8b-eagle3``
-  at short length: another 36-layer forward at 8,192 tokens would add about 80 CPU-seconds).
+Default run (length at its production value with minimal width, heads and depth):
 
-Every run keeps ``drafter.activation_checkpointing`` on, as the recipes do. The cost is the target's causal
-attention, 32 heads x L^2 / 2 scores per layer (``tests/helpers/long_context_world.py``); docs/testing.md has the
-times.
+- (m) 32,768 tokens on the minimal copy: 4 decoder layers (three taps, the most 4 layers hold), 2 query heads on
+  1 key-value head, Qwen3-8B's vocabulary 151,936 and widths (``MINIMAL_HEADS``). ``qwen3-8b-32k`` trains 2
+  steps on one long thinking conversation (short prompt, a reasoning trace and answer that reach the end of the
+  sequence), colocated and streamed (1 target + 1 drafter process over gloo) with equal losses and bit-identical
+  weights, exports, reloads to the trained drafter and passes both engines' rules; ``qwen3-8b-eagle3-32k`` trains
+  2 steps colocated, exports and is served by both engines.
+- (c) At 32,768 context rows, activation checkpointing on and off give the same loss and gradients for both
+  recipes' drafters, DSpark and EAGLE-3, at the minimal copy's heads (the tiny-shape check of every kind is
+  ``test_activation_checkpointing``).
+
+`full` tier (``-m full``), the cross product with the production heads and depth:
+
+- (a) Full depth at 8,192 tokens: the Qwen3-8B scale copy (all 36 decoder layers, 32/8 heads, widths shrunk as in
+  ``tests/test_scale_tier.py``), ``qwen3-8b-32k`` colocated and streamed, equal; export, reload, engine rules.
+- (b) 32,768 tokens on a 4-layer copy with the production heads (32/8): ``qwen3-8b-32k`` colocated and streamed,
+  equal; ``qwen3-8b-eagle3-32k`` colocated, exported and served; (c) at 32 heads.
+
+Every run is ``qwen3-8b-32k`` / ``qwen3-8b-eagle3-32k`` changed only in paths, sizes and steps (``data.max_length``,
+one sequence a step, the anchor rule scaled down) and, on the 4-layer copies, the taps. Every run keeps
+``drafter.activation_checkpointing`` on, as the recipes do. The cost is the target's causal attention, heads x
+L^2 / 2 scores per layer (``tests/helpers/long_context_world.py``); docs/testing.md has the times.
 """
 
 from __future__ import annotations
@@ -46,8 +52,9 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.validation import load_recipe
 from tests.helpers.long_context_world import (
-    HEADROOM, LONG_CONTEXT_TIER, SHORT_COPY_LAYERS, SHORT_COPY_TAPS, build_long_world, long_overrides,
+    HEADROOM, LONG_CONTEXT_TIER, MINIMAL_HEADS, SHORT_COPY_LAYERS, SHORT_COPY_TAPS, build_long_world, long_overrides,
 )
+from tests.helpers.opt_in_markers import selected_params
 from tests.helpers.scale_checks import (
     CHANGED_KEYS, assert_export_reloads, drop_final_checkpoint, flat_config, validation_batch,
 )
@@ -63,21 +70,36 @@ STREAM_TIMEOUT_S = 1800
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One long-context run: the recipe, the world it trains on and whether it also runs streamed."""
+    """One long-context run: the recipe, the world it trains on, whether it also runs streamed and whether the
+    default run has it (else the `full` tier)."""
 
     recipe: str
     world: str
     streamed: bool
+    default: bool
     extra: tuple[tuple[str, object], ...] = ()
 
 
+SHORT_TAPS = (("target.layer_ids", SHORT_COPY_TAPS),)
 CASES = {
-    "dspark-8k": Case("qwen3-8b-32k", "full-depth", True),
-    "dspark-32k": Case("qwen3-8b-32k", "four-layers", True, (("target.layer_ids", SHORT_COPY_TAPS),)),
-    # EAGLE-3's three taps are the three the 4-layer copy holds; colocated only (the wire is DSpark's, tested above).
-    "eagle3-32k": Case("qwen3-8b-eagle3-32k", "four-layers", False, (("target.layer_ids", SHORT_COPY_TAPS),)),
+    "dspark-32k-minimal": Case("qwen3-8b-32k", "minimal", True, True, SHORT_TAPS),
+    # EAGLE-3's three taps are the three a 4-layer copy holds; colocated only (the wire is DSpark's, tested above).
+    "eagle3-32k-minimal": Case("qwen3-8b-eagle3-32k", "minimal", False, True, SHORT_TAPS),
+    "dspark-8k": Case("qwen3-8b-32k", "full-depth", True, False),
+    "dspark-32k": Case("qwen3-8b-32k", "four-layers", True, False, SHORT_TAPS),
+    "eagle3-32k": Case("qwen3-8b-eagle3-32k", "four-layers", False, False, SHORT_TAPS),
 }
-WORLDS = {"full-depth": (FULL_DEPTH_LENGTH, 0), "four-layers": (LONG_LENGTH, SHORT_COPY_LAYERS)}
+# World -> (length, layers (0: all 36), heads (None: the copy's 32/8)).
+WORLDS = {"minimal": (LONG_LENGTH, SHORT_COPY_LAYERS, MINIMAL_HEADS), "full-depth": (FULL_DEPTH_LENGTH, 0, None),
+          "four-layers": (LONG_LENGTH, SHORT_COPY_LAYERS, None)}
+
+
+def _cases(keep) -> list:
+    """``pytest.param`` of each case name ``keep(case)`` accepts, the `full` tier's ones marked."""
+    return [pytest.param(name, marks=() if case.default else pytest.mark.full)
+            for name, case in CASES.items() if keep(case)]
+
+
 # Beyond the scale tier's paths, sizes and steps: the anchor floor and rate (sizes) and, on the 4-layer copy
 # only, the taps.
 LONG_CHANGED_KEYS = CHANGED_KEYS | {"anchors.num_per_sequence", "anchors.per_1k_tokens"}
@@ -90,7 +112,15 @@ def long_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def long_worlds(long_root: Path) -> dict[str, dict[str, str]]:
-    return {name: build_long_world(long_root / name, length, layers) for name, (length, layers) in WORLDS.items()}
+    """Each world on first use (a default run never writes the 36-layer copy)."""
+
+    class Worlds(dict):
+        def __missing__(self, name: str) -> dict[str, str]:
+            length, layers, heads = WORLDS[name]
+            self[name] = build_long_world(long_root / name, length, layers, heads=heads)
+            return self[name]
+
+    return Worlds()
 
 
 def _overrides(worlds: dict, root: Path, name: str, mode: str, workers: int) -> list[str]:
@@ -105,16 +135,18 @@ def _overrides(worlds: dict, root: Path, name: str, mode: str, workers: int) -> 
 
 
 @pytest.fixture(scope="module")
-def streamed_launch(long_root: Path, long_worlds: dict):
+def streamed_launch(request: pytest.FixtureRequest, long_root: Path, long_worlds: dict):
+    """One launch of the streamed runs this pytest run compares (none: no launch)."""
     runs = {
-        name: {"port": free_port(), "argv": [f"recipe={case.recipe}", *_overrides(long_worlds, long_root, name,
-                                                                                  "streamed", 1)],
+        name: {"port": free_port(), "argv": [f"recipe={CASES[name].recipe}", *_overrides(long_worlds, long_root,
+                                                                                         name, "streamed", 1)],
                "output_dir": long_root / "runs" / name / "streamed"}
-        for name, case in CASES.items() if case.streamed
+        for name in selected_params(request.session, "test_streamed_run_matches_colocated_at_length", "name")
     }
-    launch = launch_streamed(runs, long_root, timeout_s=2 * STREAM_TIMEOUT_S)
+    launch = launch_streamed(runs, long_root, timeout_s=2 * STREAM_TIMEOUT_S) if runs else None
     yield launch
-    launch.stop()
+    if launch is not None:
+        launch.stop()
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +202,7 @@ def _export(cfg: RecipeConfig, capsys) -> tuple[Path, Path]:
     return run_dir, export_dir
 
 
+@pytest.mark.full
 def test_full_depth_copy_trains_exports_and_passes_the_engine_rules(colocated_runs, capsys) -> None:
     name = "dspark-8k"
     cfg = colocated_runs(name)
@@ -186,6 +219,27 @@ def test_full_depth_copy_trains_exports_and_passes_the_engine_rules(colocated_ru
     shutil.rmtree(export_dir)
 
 
+def test_32k_dspark_trains_exports_and_passes_the_engine_rules_on_the_minimal_copy(colocated_runs, capsys) -> None:
+    name = "dspark-32k-minimal"
+    cfg = colocated_runs(name)
+    datasets = _check_run(name, cfg)
+    # Only the depth and the heads differ from the full scale copy: the vocabulary and widths are Qwen3-8B's.
+    saved, full = AutoConfig.from_pretrained(cfg.target.path).to_dict(), scale_target_config("Qwen3-8B").to_dict()
+    depth_heads_and_records = {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "layer_types",
+                               "transformers_version", "dtype", "_name_or_path"}
+    assert {key for key in full if saved.get(key) != full[key]} <= depth_heads_and_records
+    assert (saved["num_hidden_layers"], saved["num_attention_heads"], saved["num_key_value_heads"],
+            saved["vocab_size"], saved["hidden_size"]) == (4, *MINIMAL_HEADS, 151936, full["hidden_size"])
+    run_dir, export_dir = _export(cfg, capsys)
+    assert_export_reloads(run_dir / "drafter", export_dir, cfg.target.path,
+                          validation_batch(cfg, datasets["validation"]))
+    # DSpark in the DeepSpec layout: both engines serve it, capturing the trained taps.
+    for reading in check_export_dir(export_dir, cfg.target.path):
+        assert reading.unserved is None and reading.captured_layers == cfg.target.layer_ids
+    shutil.rmtree(export_dir)
+
+
+@pytest.mark.full
 def test_32k_sequence_trains_on_the_four_layer_copy(colocated_runs) -> None:
     cfg = colocated_runs("dspark-32k")
     _check_run("dspark-32k", cfg)
@@ -196,16 +250,17 @@ def test_32k_sequence_trains_on_the_four_layer_copy(colocated_runs) -> None:
     assert (saved["num_hidden_layers"], saved["num_attention_heads"], saved["vocab_size"]) == (4, 32, 151936)
 
 
-def test_eagle3_32k_trains_exports_and_is_served_at_length(colocated_runs, capsys) -> None:
-    cfg = colocated_runs("eagle3-32k")
-    _check_run("eagle3-32k", cfg)
+@pytest.mark.parametrize("name", _cases(lambda case: case.recipe.endswith("eagle3-32k")))
+def test_eagle3_32k_trains_exports_and_is_served_at_length(name: str, colocated_runs, capsys) -> None:
+    cfg = colocated_runs(name)
+    _check_run(name, cfg)
     _, export_dir = _export(cfg, capsys)
     for reading in check_export_dir(export_dir, cfg.target.path):
         assert reading.unserved is None and reading.captured_layers == cfg.target.layer_ids
     shutil.rmtree(export_dir)
 
 
-@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.streamed])
+@pytest.mark.parametrize("name", _cases(lambda case: case.streamed))
 def test_streamed_run_matches_colocated_at_length(name: str, colocated_runs, streamed_launch) -> None:
     colocated = Path(colocated_runs(name).run.output_dir)
     streamed = streamed_launch.output_dir(name)
@@ -220,11 +275,15 @@ def test_streamed_run_matches_colocated_at_length(name: str, colocated_runs, str
 CHECK_ANCHORS = 4
 
 
-def _steps_with_and_without(recipe: str) -> list[tuple[float, dict[str, torch.Tensor]]]:
-    """Loss and gradients of one forward / backward of the recipe's drafter at the scale copy's widths on one
-    32K-row batch, with the recipe's activation checkpointing (on), then with it off on the same module."""
+def _steps_with_and_without(recipe: str, heads: tuple[int, int] | None) -> list[tuple[float, dict[str, torch.Tensor]]]:
+    """Loss and gradients of one forward / backward of the recipe's drafter at the scale copy's widths (with
+    ``heads`` = (query, key-value) heads, or the copy's 32/8) on one 32K-row batch, with the recipe's activation
+    checkpointing (on), then with it off on the same module."""
     cfg = load_recipe(recipe, check_target=False)
-    geometry = geometry_from_target_config(scale_target_config("Qwen3-8B"))
+    hf_config = scale_target_config("Qwen3-8B")
+    if heads is not None:
+        hf_config.num_attention_heads, hf_config.num_key_value_heads = heads
+    geometry = geometry_from_target_config(hf_config)
     # Blocks at the sequence's end: they see nearly all 32K context rows.
     batch = long_context_batch(cfg, geometry, LONG_LENGTH, CHECK_ANCHORS)
     torch.manual_seed(0)
@@ -245,9 +304,11 @@ def _steps_with_and_without(recipe: str) -> list[tuple[float, dict[str, torch.Te
     return results
 
 
+@pytest.mark.parametrize("heads", [pytest.param(MINIMAL_HEADS, id="minimal-heads"),
+                                   pytest.param(None, id="32-heads", marks=pytest.mark.full)])
 @pytest.mark.parametrize("recipe", sorted(LONG_CONTEXT_TIER))
-def test_checkpointing_keeps_losses_and_gradients_at_length(recipe: str) -> None:
-    (loss, grads), (plain_loss, plain) = _steps_with_and_without(recipe)
+def test_checkpointing_keeps_losses_and_gradients_at_length(recipe: str, heads: tuple[int, int] | None) -> None:
+    (loss, grads), (plain_loss, plain) = _steps_with_and_without(recipe, heads)
     assert loss == pytest.approx(plain_loss, rel=1e-6)
     assert grads.keys() == plain.keys()
     for key in plain:

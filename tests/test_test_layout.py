@@ -1,6 +1,6 @@
 """Layout rules of the test suite, checked on its source: no file under ``tests/`` imports a test module
-(``tests/test_*.py``), so what several test files share lives in ``tests/helpers/``; and the `slurm` tier runs only
-when ``-m`` opts in to it."""
+(``tests/test_*.py``), so what several test files share lives in ``tests/helpers/``; and the `slurm` and `full` tiers
+run only when ``-m`` opts in to them."""
 
 from __future__ import annotations
 
@@ -55,3 +55,8 @@ def test_the_import_check_finds_test_imports() -> None:
 def test_the_slurm_tier_runs_only_when_named() -> None:
     assert names_marker("slurm", "slurm") and names_marker("slow or slurm", "slurm")
     assert not names_marker("", "slurm") and not names_marker("slow", "slurm") and not names_marker("not gpu", "slurm")
+
+
+def test_the_full_tier_runs_only_when_named() -> None:
+    assert names_marker("full", "full") and names_marker("full or not slurm", "full")
+    assert not names_marker("", "full") and not names_marker("slow", "full") and not names_marker("fully", "full")

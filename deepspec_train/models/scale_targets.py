@@ -135,12 +135,16 @@ def scale_target_config(name: str) -> PretrainedConfig:
     return SCALE_TARGETS[name].config()
 
 
-def save_scale_target(name: str, directory: str | Path, seed: int = 0, num_hidden_layers: int = 0) -> Path:
+def save_scale_target(name: str, directory: str | Path, seed: int = 0, num_hidden_layers: int = 0,
+                      heads: tuple[int, int] | None = None) -> Path:
     """Write a random-weight scale copy of ``name`` with ``save_pretrained`` (config.json + model.safetensors,
     bf16 like the published checkpoints) to ``directory``; no tokenizer is written. ``num_hidden_layers`` > 0
     keeps only that many decoder layers (heads, vocabulary, widths and RoPE unchanged): a shallow copy for tests
-    whose cost is the target's attention at long length."""
+    whose cost is the target's attention at long length. ``heads`` = (query, key-value) replaces the attention
+    heads (head_dim, hidden size and vocabulary unchanged): the minimal-width copy that tests length alone."""
     config = scale_target_config(name)
+    if heads is not None:
+        config.num_attention_heads, config.num_key_value_heads = heads
     if num_hidden_layers:
         config.num_hidden_layers = num_hidden_layers
         # Per-layer fields (Qwen3's ``layer_types``) must list one entry per remaining layer.

@@ -36,6 +36,10 @@ HEADROOM = 64
 SHORT_COPY_LAYERS = 4
 # A 4-layer copy cannot hold the recipes' taps [1, 9, 17, 25, 33]: three taps below its last layer.
 SHORT_COPY_TAPS = "[0,1,2]"
+# The minimal-width copy of the default run: Qwen3-8B's vocabulary and widths, grouped-query attention with the
+# fewest heads that still group (2 query heads on 1 key-value head), so a 32,768-token forward costs 1/16 of the
+# 32-head copy's attention.
+MINIMAL_HEADS = (2, 1)
 
 
 def _sentence(rng: random.Random) -> str:
@@ -65,11 +69,13 @@ def _short(rng: random.Random) -> list[dict[str, str]]:
     return [{"role": "user", "content": _sentence(rng)}, {"role": "assistant", "content": answer}]
 
 
-def build_long_world(root: Path, length: int, num_layers: int = 0, seed: int = 0) -> dict[str, str]:
-    """Target directory, train / validation JSONL and a shard cache directory under ``root``."""
+def build_long_world(root: Path, length: int, num_layers: int = 0, seed: int = 0,
+                     heads: tuple[int, int] | None = None) -> dict[str, str]:
+    """Target directory, train / validation JSONL and a shard cache directory under ``root`` (``num_layers`` and
+    ``heads``: ``save_scale_target``'s)."""
     root.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    target = save_scale_target("Qwen3-8B", root / "target", seed=seed, num_hidden_layers=num_layers)
+    target = save_scale_target("Qwen3-8B", root / "target", seed=seed, num_hidden_layers=num_layers, heads=heads)
     samples = [_sentence(rng) for _ in range(200)]
     tokenizer = build_qwen3_tokenizer(target, samples + ["<think>", "</think>", "system", "user", "assistant"])
     long = [{"role": "user", "content": _sentence(rng)},
