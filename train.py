@@ -1,6 +1,7 @@
 """Train a drafter from a recipe.
 
-    python train.py recipe=tiny-dspark [dotted.key=value ...]
+    python train.py recipe=tiny-dspark [dotted.key=value ...] [--dry-run]
+    python train.py --help
     accelerate launch train.py recipe=qwen3-8b
 
 Everything lives in ``deepspec_train``; this file only hands the command line over.

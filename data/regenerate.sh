@@ -28,6 +28,6 @@ for split in train validation; do
     output=$("$PYTHON" -c "import sys; from deepspec_train.validation import load_recipe; \
 cfg = load_recipe(sys.argv[1], check_target=False); print(getattr(cfg.data, sys.argv[2])[0])" "$RECIPE" "$split")
     "$PYTHON" -m deepspec_train.jobs.cli regenerate --backend http "${ENDPOINT_ARGS[@]}" --recipe "$RECIPE" \
-        --input "$PROMPTS_DIR/$split.jsonl" --output "$output" || status=$?
+        --input "$PROMPTS_DIR/$split.jsonl" --out "$output" || status=$?
 done
 exit $status

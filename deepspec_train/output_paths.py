@@ -35,6 +35,12 @@ def _refusal(what: str, path: Path, error: OSError) -> UserError:
     return UserError(f"{what} {path}: cannot write there: {reason}{where}")
 
 
+def _prove_writable(folder: Path) -> None:
+    handle, probe = tempfile.mkstemp(prefix=".deepspec-write-probe-", dir=folder)
+    os.close(handle)
+    os.unlink(probe)
+
+
 def ensure_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
     """Create ``path`` (and its parents) if needed and prove a file can be written in it; returns it as a Path.
     ``what`` names the option in the refusal, e.g. ``--out`` or ``run.output_dir``."""
@@ -42,9 +48,23 @@ def ensure_output_dir(path: str | os.PathLike, what: str = "output folder") -> P
     try:
         folder.mkdir(parents=True, exist_ok=True)
         # mkdir with exist_ok accepts an existing file only by raising; a folder reached through a symlink is fine.
-        handle, probe = tempfile.mkstemp(prefix=".deepspec-write-probe-", dir=folder)
-        os.close(handle)
-        os.unlink(probe)
+        _prove_writable(folder)
+    except OSError as error:
+        raise _refusal(what, folder, error) from error
+    return folder
+
+
+def check_output_dir(path: str | os.PathLike, what: str = "output folder") -> Path:
+    """What ``ensure_output_dir`` proves, leaving nothing behind (``train.py --dry-run``): the probe file goes into
+    the nearest folder that exists, where the missing ones would be created, and is removed."""
+    folder = Path(path).expanduser()
+    existing = folder
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if not existing.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(existing))
+        _prove_writable(existing)
     except OSError as error:
         raise _refusal(what, folder, error) from error
     return folder

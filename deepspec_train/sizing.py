@@ -20,6 +20,7 @@ range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly alway
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 from dataclasses import dataclass
@@ -573,12 +574,8 @@ def main() -> None:
         ("drafter_state_gb", "drafter GB"), ("payload_mb_per_seq", "payload MB/seq"),
         ("payload_bytes_per_supervised", "B/supervised tok"),
     ]
-    rows = []
-    for size in ("4b", "8b", "14b"):
-        for variant in ("", "-dflash", "-eagle3"):
-            for seq_len in (1024, 2048, 4096):
-                recipe = f"qwen3-{size}{variant}"
-                rows.append({"recipe": recipe, "seq_len": seq_len} | sizing_row(recipe, seq_len))
+    qwen3 = [f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")]
+    rows = [{"recipe": r, "seq_len": n} | sizing_row(r, n) for r in qwen3 for n in (1024, 2048, 4096)]
     rows += [{"recipe": recipe, "seq_len": 2048} | sizing_row(recipe, 2048) for recipe in FAMILY_RECIPES]
     _print_table(columns, rows)
     print()
@@ -597,4 +594,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # The tables take no option: parsing answers --help (exit 0) and refuses anything else before the work starts.
+    argparse.ArgumentParser(prog="python -m deepspec_train.sizing", description=main.__doc__).parse_args()
     main()

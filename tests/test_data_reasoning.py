@@ -179,7 +179,7 @@ def test_regenerated_thinking_rows_tokenise_with_reasoning_masked_per_the_field(
     old = {"role": "assistant", "content": "<think>\nadd them and", "reasoning": None}
     question = {"role": "user", "content": "What is two plus three?"}
     prompts.write_text(json.dumps({"id": "q", "messages": [question, old]}))
-    argv = ["--input", str(prompts), "--output", str(output), "--backend", "local", "--model", model,
+    argv = ["--input", str(prompts), "--out", str(output), "--backend", "local", "--model", model,
             "--enable-thinking", "--temperature", "0", "--max-new-tokens", "16", "--no-progress"]
     assert cli.main(argv) == 0
     written = json.loads(output.read_text())

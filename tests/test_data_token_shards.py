@@ -115,11 +115,11 @@ def test_rerun_reuses_the_cache_without_tokenising(tokenizer, mixed_file, tmp_pa
     first, summary = build([mixed_file], tokenizer, tmp_path / "cache")
     assert not summary.from_cache
     calls = []
-    monkeypatch.setattr(token_shards, "render_with_loss_mask", lambda *a, **k: calls.append(1))
+    monkeypatch.setattr(token_shards.ConversationRenderer, "render", lambda *a, **k: calls.append(1))
     second, cached = build([mixed_file], tokenizer, tmp_path / "cache")
     assert cached.from_cache and calls == [] and cached.cache_path == summary.cache_path
     assert second.to_dict() == first.to_dict()
-    for name in ("kept", "skipped", "supervised_tokens", "total_tokens", "first_bad"):
+    for name in ("kept", "skipped", "supervised_tokens", "total_tokens", "first_bad", "sources"):
         assert getattr(cached, name) == getattr(summary, name)
     assert "reused cache" in cached.format()
     assert sorted(os.listdir(tmp_path / "cache")) == [os.path.basename(summary.cache_path)]

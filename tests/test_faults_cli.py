@@ -66,7 +66,7 @@ def test_a_bad_recipe_value_exits_2_through_the_console_script(tmp_path) -> None
 
 def regenerate(input_path: str, output_path: str, *endpoint: str) -> int:
     endpoints = [arg for url in endpoint or ("http://127.0.0.1:9",) for arg in ("--endpoint", url)]
-    return main(["regenerate", "--input", input_path, "--output", output_path, "--backend", "http", "--model", "m",
+    return main(["regenerate", "--input", input_path, "--out", output_path, "--backend", "http", "--model", "m",
                  *endpoints, "--retries", "0", "--no-progress"])
 
 
@@ -77,7 +77,7 @@ def test_regenerate_refuses_to_write_its_own_input(tmp_path, capsys, monkeypatch
     monkeypatch.chdir(tmp_path)
     for output in (source, "prompts.jsonl", "./sub/../prompts.jsonl", str(tmp_path / "link.jsonl")):
         assert regenerate(source, output) == 2
-        assert f"--output {output} is the input file" in only_error_line(capsys)
+        assert f"--out {output} is the input file" in only_error_line(capsys)
     assert Path(source).read_bytes() == before
     (tmp_path / "data").mkdir()
     write_jsonl(tmp_path / "data" / "part.jsonl", [{"id": 1, "messages": HI}])

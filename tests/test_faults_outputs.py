@@ -36,7 +36,7 @@ def verb_argv(verb: str, out: Path, missing: Path, world: dict[str, str]) -> lis
         "profile-sps": ["profile-sps", "--target", str(missing), "--out", str(out / "sps.json")],
         "simulate": ["simulate", "--traces", str(missing), "--sps", str(missing), "--out", str(out)],
         "compare": ["compare", str(missing), "--out", str(out)],
-        "regenerate": ["regenerate", "--input", str(missing), "--output", str(out / "answers.jsonl")],
+        "regenerate": ["regenerate", "--input", str(missing), "--out", str(out / "answers.jsonl")],
         "tinyworld": ["tinyworld", "build", "--out", str(out)],
     }
     return argv[verb]

@@ -8,6 +8,8 @@ served model directly, so a sampling parameter lost on the way through HTTP show
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -48,6 +50,8 @@ PROMPT_ROWS = [
     {"id": "f", "messages": [{"role": "user", "content": "The quick brown fox"}]},
 ]
 
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -368,7 +372,7 @@ def test_cli_http_with_recipe(server, tmp_path: Path) -> None:
     argv = [
         "--input",
         source,
-        "--output",
+        "--out",
         str(output),
         "--backend",
         "http",
@@ -384,4 +388,18 @@ def test_cli_http_with_recipe(server, tmp_path: Path) -> None:
     expected = SamplingParams(temperature=0.9, top_p=0.8, top_k=5, max_new_tokens=4)
     for row in read_jsonl(str(output)):
         assert row["messages"][-1]["content"] == served_answer(server, row["messages"][:-1], expected)
-    assert cli.main(["--input", source, "--output", str(output), "--backend", "http", "--no-progress"]) == 2
+    assert cli.main(["--input", source, "--out", str(output), "--backend", "http", "--no-progress"]) == 2
+
+
+def test_output_still_works_as_the_deprecated_spelling_of_out(server, tmp_path: Path) -> None:
+    """Run as a user runs it: ``--output`` writes the answers as ``--out`` does, with one deprecation line."""
+    source = write_jsonl(tmp_path / "prompts.jsonl", PROMPT_ROWS[:1])
+    output = tmp_path / "regen.jsonl"
+    argv = ["regenerate", "--input", source, "--output", str(output), "--backend", "http",
+            "--model", server.model_name, "--endpoint", server.url, "--max-new-tokens", "4", "--no-progress"]
+    proc = subprocess.run([sys.executable, "-m", "deepspec_train.jobs.cli", *argv], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    notices = [line for line in proc.stderr.splitlines() if "--output" in line]
+    assert notices == ["warning: --output is deprecated: use --out, as every deepspec verb does"], proc.stderr
+    assert [row["id"] for row in read_jsonl(str(output))] == ["a"]

@@ -21,6 +21,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.config.shipped_files import SHIPPED_RECIPES
 from deepspec_train.errors import UserError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
@@ -34,15 +35,17 @@ class ConfigError(UserError, ValueError):
 
 
 def recipe_dirs() -> list[Path]:
-    """Where recipe names are looked up: $DEEPSPEC_RECIPES, ./recipes, then the repository's recipes/."""
+    """Where recipe names are looked up: $DEEPSPEC_RECIPES, ./recipes, then the recipes shipped with the package
+    (the repository's recipes/ in a checkout: ``config.shipped_files``)."""
     dirs = []
     if os.environ.get("DEEPSPEC_RECIPES"):
         dirs.append(Path(os.environ["DEEPSPEC_RECIPES"]))
     dirs.append(Path.cwd() / "recipes")
-    dirs.append(Path(__file__).resolve().parents[2] / "recipes")
+    dirs.append(SHIPPED_RECIPES)
     unique: list[Path] = []
     for d in dirs:
-        if d not in unique:
+        # In a checkout ./recipes and the shipped recipes are one folder (a link): list it once.
+        if d.resolve() not in [u.resolve() for u in unique]:
             unique.append(d)
     return unique
 
@@ -222,8 +225,13 @@ def config_to_dict(cfg: RecipeConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def resolved_yaml(cfg: RecipeConfig) -> str:
+    """The fully resolved config (every default filled in) as YAML, in the schema's order."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False)
+
+
 def save_resolved(cfg: RecipeConfig, path: str | Path) -> None:
-    """Write the fully resolved config (every default filled in) next to the run's outputs."""
+    """Write the fully resolved config next to the run's outputs."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    path.write_text(resolved_yaml(cfg))

@@ -22,19 +22,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.config.shipped_files import resolve_shipped_path
+from deepspec_train.data.chat_templates import chat_template_problem
 from deepspec_train.families.catalog import family_of
 from deepspec_train.families.records import heads_and_widths_split
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def resolve_repo_path(path: str) -> Path:
-    """A recipe's file path as given, else relative to the repository (recipes name ``launch/...``)."""
-    given = Path(path)
-    if given.is_file() or given.is_absolute():
-        return given
-    return REPO_ROOT / given
 
 
 def _at_least(problems: list[str], key: str, value: Any, low: float, what: str = "") -> None:
@@ -77,6 +68,11 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
         p.append("data.train is empty: name at least one training data file")
     _at_least(p, "data.max_length", cfg.data.max_length, 2, " (a block needs an anchor and the token after it)")
     _at_least(p, "data.num_workers", cfg.data.num_workers, 0)
+    template_problem = chat_template_problem(cfg.data.chat_template)
+    if template_problem is not None:
+        p.append(template_problem)
+    if not 0 <= cfg.data.max_skipped_fraction <= 1:
+        p.append(f"data.max_skipped_fraction = {cfg.data.max_skipped_fraction!r} must be between 0 and 1")
     d = cfg.drafter
     _at_least(p, "drafter.num_layers", d.num_layers, 1)
     _at_least(p, "drafter.block_size", d.block_size, 1)
@@ -123,7 +119,7 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     if cfg.run.overwrite and t.resume != "none":
         p.append(f"run.overwrite=true starts the run over: it cannot be combined with train.resume={t.resume}")
     if t.distributed == "deepspeed":
-        if not resolve_repo_path(t.deepspeed_config).is_file():
+        if not resolve_shipped_path(t.deepspeed_config).is_file():
             p.append(f"train.deepspeed_config = {t.deepspeed_config!r}: no such file")
     _at_least(p, "topology.target_workers", cfg.topology.target_workers, 0, " (0 = colocated)")
     p.extend(_topology_problems(cfg.topology.target_workers, cfg.topology.target_tp))

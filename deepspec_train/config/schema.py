@@ -30,6 +30,29 @@ class TargetConfig:
     layer_ids: list[int] = field(default_factory=lambda: [1, 9, 17, 25, 33])
 
 
+# How rows are read (``data.row_shapes``): ``auto`` decides per source from its first rows; ``preformatted`` is
+# ``text`` rows holding the target's own turn markers, and is never guessed.
+RowFormatName = Literal[
+    "auto", "chat", "prompt_completion", "prompt_response", "question_answer", "alpaca", "text", "preformatted"
+]
+
+
+@dataclass
+class FieldNames:
+    """The fields a row shape reads, when a data set names them otherwise (``data.fields``); unset keeps the
+    shape's own name (e.g. ``data.fields={prompt: query, completion: reply}``)."""
+
+    prompt: Optional[str] = None
+    completion: Optional[str] = None
+    response: Optional[str] = None
+    question: Optional[str] = None
+    answer: Optional[str] = None
+    instruction: Optional[str] = None
+    input: Optional[str] = None
+    output: Optional[str] = None
+    text: Optional[str] = None
+
+
 @dataclass
 class DataConfig:
     train: list[str] = field(default_factory=list)
@@ -47,6 +70,15 @@ class DataConfig:
     supervise_reasoning: bool = True
     # Worker processes for tokenisation (0 = in-process).
     num_workers: int = 0
+    # The row shape of every source (``docs/data.md``), and the fields it reads where a data set renames them.
+    format: RowFormatName = "auto"
+    fields: FieldNames = field(default_factory=FieldNames)
+    # A chat template for a target whose tokenizer has none (a base model): a built-in name ("chatml") or a Jinja
+    # file; empty keeps the tokenizer's own. Chat-shaped rows need one; `text` rows never use it.
+    chat_template: str = ""
+    # A source of which a larger share of rows is skipped stops the run before the target loads: most often the
+    # rows are read with the wrong shape or fields. Raise it (up to 1.0) to train on what is left.
+    max_skipped_fraction: float = 0.5
 
 
 # The enumerated values of the drafter settings, each defined once: the Literal is what the recipe loader checks,

@@ -146,17 +146,27 @@ def render_with_loss_mask(
     ``BadRow("nothing_to_supervise")`` when no token is supervised; the caller adds the row's location.
     """
     full_text, spans = assistant_char_spans(tokenizer, messages, chat_template_kwargs, supervise_reasoning)
-    encoding = tokenizer(full_text, add_special_tokens=False, return_offsets_mapping=True)
+    return tokens_with_span_mask(tokenizer, full_text, spans, max_length, "no assistant token")
+
+
+def tokens_with_span_mask(
+    tokenizer: Any, text: str, spans: list[tuple[int, int]], max_length: int | None, empty_detail: str
+) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` (no special tokens added) and a 0/1 mask that is 1 on tokens whose first character
+    lies in ``spans``; ``BadRow("too_long")`` past ``max_length`` (never truncated), ``BadRow("nothing_to_supervise",
+    empty_detail)`` when no token is supervised."""
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = list(encoding["input_ids"])
     if max_length is not None and len(input_ids) > max_length:
         raise BadRow("too_long", detail=f"{len(input_ids)} tokens > max_length {max_length}")
-    loss_mask = _mask_from_offsets(encoding["offset_mapping"], spans)
+    loss_mask = mask_from_offsets(encoding["offset_mapping"], spans)
     if not any(loss_mask):
-        raise BadRow("nothing_to_supervise", detail="no assistant token")
+        raise BadRow("nothing_to_supervise", detail=empty_detail)
     return input_ids, loss_mask
 
 
-def _mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+def mask_from_offsets(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """0/1 per token: 1 when the token's first character lies inside one of the ``[start, end)`` ``spans``."""
     starts = np.fromiter((start for start, _ in offsets), dtype=np.int64, count=len(offsets))
     mask = np.zeros(len(offsets), dtype=bool)
     for span_start, span_end in spans:

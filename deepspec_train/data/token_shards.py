@@ -1,10 +1,13 @@
-"""Tokenise chat sources once into Arrow shards, cached by (data, tokenizer, template, max_length, reasoning).
+"""Tokenise data sources once into Arrow shards, cached by (data, row shapes, tokenizer, template, length, reasoning).
 
-``build_token_dataset`` reads every source (see ``conversations.iter_records``), renders each conversation
-with its loss mask (``loss_mask.render_with_loss_mask``) and writes the samples as Arrow stream files under
-``cache_dir/<key>/``, with the run's ``DataSummary`` beside them. The key hashes each source's identity (path,
-size and SHA-256 of the content of every file), the tokenizer's full serialisation (vocabulary, merges,
-specials), the chat template and its keyword arguments, ``max_length`` and whether reasoning is supervised, so
+``build_token_dataset`` opens every source and decides its row shape (``shape_detection``: ``data.format``,
+``data.fields``), reads each row as that shape (``row_shapes``), tokenises it with its loss mask
+(``supervision``: a conversation rendered with the chat template, plain text, or pre-rendered chat text) and
+writes the samples as Arrow stream files under ``cache_dir/<key>/``, with the run's ``DataSummary`` (per source
+too, ``data_summary``) beside them. Chat-shaped rows for a tokenizer without a chat template stop the build with
+one line (``chat_templates``). The key hashes each source's identity (path, size and SHA-256 of the content of
+every file), how rows are read (format and renamed fields), the tokenizer's full serialisation (vocabulary,
+merges, specials), the chat template and its keyword arguments, ``max_length`` and whether reasoning is supervised, so
 a re-run with the same inputs memory-maps the shards without tokenising, and any change builds a new entry, also
 one that keeps the file's size and modification time. Hashing reads every input file once per run and process
 (``checksums``: about 0.6 s per GB on one core with SHA extensions, ``bench/integrity_cost.py``), small next to
@@ -28,7 +31,6 @@ import multiprocessing
 import os
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -40,12 +42,17 @@ from tqdm.auto import tqdm
 
 from deepspec_train.checksums import ALGORITHM, file_checksum
 from deepspec_train.disk_space import folder_bytes, whole_or_nothing
-from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation
-from deepspec_train.data.loss_mask import TemplateNotPrefixStableError, render_with_loss_mask
+from deepspec_train.data.chat_templates import require_chat_template
+from deepspec_train.data.conversations import BadRow
+from deepspec_train.data.data_summary import DataSummary, SourceSummary
+from deepspec_train.data.loss_mask import TemplateNotPrefixStableError
+from deepspec_train.data.row_shapes import SHAPES, RowShape, read_row
+from deepspec_train.data.shape_detection import AUTO, ShapedSource, open_source
 
 # Bump when the shard layout, the rendering rules or the key change, so old cache entries are not reused.
 # 3: reasoning normalised into a field (``conversations.REASONING_FIELD``) and ``supervise_reasoning`` in the key.
-CACHE_FORMAT_VERSION = 3
+# 4: row shapes (``data.format``, ``data.fields``) in the key, and a summary per source (shards unchanged).
+CACHE_FORMAT_VERSION = 4
 SUMMARY_FILE = "summary.json"
 SHARD_ROWS = 8192
 # Rows sent to a worker process at a time: large enough to amortise pickling, small enough to balance load.
@@ -61,32 +68,6 @@ SHARD_SCHEMA = pa.schema(
 )
 
 
-@dataclass
-class DataSummary:
-    """What a build kept and skipped; ``first_bad`` is the location and reason of the first skipped row."""
-
-    kept: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-    supervised_tokens: int = 0
-    total_tokens: int = 0
-    cache_path: str = ""
-    from_cache: bool = False
-    first_bad: dict[str, str] | None = None
-
-    def format(self) -> str:
-        """A human summary: one line for the kept samples, then one line per skip reason."""
-        origin = "reused cache" if self.from_cache else "built cache"
-        lines = [
-            (
-                f"kept {self.kept} conversations, {self.total_tokens} tokens, {self.supervised_tokens} supervised "
-                f"({origin} {self.cache_path})"
-            )
-        ]
-        for reason, count in sorted(self.skipped.items()):
-            lines.append(f"skipped {count}: {reason}")
-        return "\n".join(lines)
-
-
 def build_token_dataset(
     sources: list[str],
     renderer: ConversationRenderer,
@@ -100,14 +81,15 @@ def build_token_dataset(
 
     ``sample_id`` is the sample's 0-based index in the returned dataset (stable across cache reuse).
     ``renderer`` holds the tokenizer, ``max_length``, the chat template's keyword arguments (e.g.
-    ``{"enable_thinking": False}``) and whether reasoning is supervised. ``num_workers > 0`` renders in that many spawned processes; the result is
-    identical to a serial build.
+    ``{"enable_thinking": False}``), whether reasoning is supervised and how rows are read (``data.format``,
+    ``data.fields``). ``num_workers > 0`` renders in that many spawned processes; the result is identical to a
+    serial build.
     """
     if not sources:
         raise ValueError("build_token_dataset: no data sources given")
     key = cache_key(
         sources, renderer.tokenizer, renderer.max_length, split, renderer.chat_template_kwargs,
-        renderer.supervise_reasoning,
+        renderer.supervise_reasoning, renderer.row_reading(),
     )
     entry = Path(os.path.expanduser(cache_dir)) / key
     from_cache = (entry / SUMMARY_FILE).is_file()
@@ -123,12 +105,14 @@ def build_token_dataset(
 
 def cache_key(
     sources: list[str], tokenizer: Any, max_length: int, split: str, chat_template_kwargs: dict | None,
-    supervise_reasoning: bool = True,
+    supervise_reasoning: bool = True, row_reading: dict | None = None,
 ) -> str:
-    """A hex digest naming the cache entry for these inputs."""
+    """A hex digest naming the cache entry for these inputs (``row_reading``: ``ConversationRenderer.row_reading``,
+    the default reading when None)."""
     identity = {
         "version": CACHE_FORMAT_VERSION,
         "sources": [_source_identity(source, split) for source in sources],
+        "rows": row_reading or {"format": AUTO, "fields": {}},
         "tokenizer": _tokenizer_identity(tokenizer),
         "chat_template": tokenizer.chat_template,
         "chat_template_kwargs": chat_template_kwargs or {},
@@ -164,26 +148,48 @@ def _tokenizer_identity(tokenizer: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+# One tokenised row: its input ids and its 0/1 loss mask.
+Sample = tuple[list[int], list[int]]
+
+
 @dataclass
 class ConversationRenderer:
-    """How conversations become samples: the tokenizer, the longest sample, the chat template's keyword
-    arguments and whether reasoning segments are supervised (``loss_mask``). Turns one ``(where, record)`` into ``(input_ids, loss_mask)`` or a located ``BadRow``; picklable
-    (sent to the rendering processes)."""
+    """How rows become samples: the tokenizer, the longest sample, the chat template's keyword arguments,
+    whether reasoning segments are supervised (``loss_mask``), the row format (``data.format``) and the renamed
+    fields (``data.fields`` as ``{canonical: row field}``). Turns one ``(source index, shape name, where,
+    record)`` into ``(source index, (input_ids, loss_mask) or a located BadRow)``; picklable (sent to the
+    rendering processes)."""
 
     tokenizer: Any
     max_length: int
     chat_template_kwargs: dict | None
     supervise_reasoning: bool = True
+    row_format: str = AUTO
+    fields: dict[str, str] = field(default_factory=dict)
 
-    def __call__(self, item: tuple[str, dict | BadRow]) -> tuple[list[int], list[int]] | BadRow:
-        where, record = item
+    def row_reading(self) -> dict:
+        """How rows are read, as the cache key holds it."""
+        return {"format": self.row_format, "fields": dict(sorted(self.fields.items()))}
+
+    def open(self, source: str, split: str) -> ShapedSource:
+        """``source`` with its row shape decided; ``ChatTemplateMissingError`` when that shape renders with a
+        chat template and the tokenizer has none."""
+        shaped = open_source(source, split, self.row_format, self.fields)
+        if shaped.shape is not None and shaped.shape.supervision.needs_chat_template:
+            require_chat_template(self.tokenizer, f"data source {source!r} ({shaped.shape.name} rows)")
+        return shaped
+
+    def __call__(self, item: tuple[int, str | None, str, dict | BadRow]) -> tuple[int, Sample | BadRow]:
+        index, shape_name, where, record = item
+        return index, self.render(SHAPES[shape_name] if shape_name else None, where, record)
+
+    def render(self, shape: RowShape | None, where: str, record: dict | BadRow) -> Sample | BadRow:
+        """One row read as ``shape`` (None when its source has none): its sample or a located ``BadRow``."""
         try:
             if isinstance(record, BadRow):
                 return record
-            messages = normalize_conversation(record, where)
-            return render_with_loss_mask(
-                self.tokenizer, messages, self.max_length, self.chat_template_kwargs, self.supervise_reasoning
-            )
+            content = read_row(shape, record, self.fields, where)
+            return shape.supervision.tokenise(self, content)
         except TemplateNotPrefixStableError as error:
             return BadRow("template_mismatch", where, str(error).split(" (")[0])
         except BadRow as error:
@@ -199,14 +205,21 @@ def _build_entry(
     try:
         # A full disk: the staging folder goes, and the run ends in one line naming the entry (``disk_space``).
         with whole_or_nothing(entry, lambda: folder_bytes(staging), lambda: shutil.rmtree(staging, ignore_errors=True)):
-            records = (item for source in sources for item in iter_records(source, split))
+            # Every source is opened (its first rows read, its shape decided) before any is tokenised, so a source
+            # that cannot be read stops the build at once, in this process.
+            opened = [renderer.open(source, split) for source in sources]
+            records = (
+                (index, shaped.shape.name if shaped.shape else None, where, record)
+                for index, shaped in enumerate(opened)
+                for where, record in shaped.rows
+            )
             if num_workers > 0:
                 # Spawned rather than forked: the parent may already run tokenizer or torch threads.
                 with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
                     results = pool.imap(renderer, records, chunksize=WORKER_CHUNK_ROWS)
-                    summary = _write_shards(staging, results, strict, progress)
+                    summary = _write_shards(staging, opened, results, strict, progress)
             else:
-                summary = _write_shards(staging, map(renderer, records), strict, progress)
+                summary = _write_shards(staging, opened, map(renderer, records), strict, progress)
             (staging / SUMMARY_FILE).write_text(json.dumps(asdict(summary), indent=1))
         try:
             os.rename(staging, entry)
@@ -219,27 +232,46 @@ def _build_entry(
 
 
 def _write_shards(
-    directory: Path, results: Iterator[tuple[list[int], list[int]] | BadRow], strict: bool, progress: bool
+    directory: Path, opened: list[ShapedSource], results: Iterator[tuple[int, Sample | BadRow]], strict: bool,
+    progress: bool,
 ) -> DataSummary:
-    summary = DataSummary()
-    skipped: Counter[str] = Counter()
+    per_source = [SourceSummary(s.source, s.shape.name if s.shape else None, s.detected) for s in opened]
     writer = _ShardWriter(directory)
-    for result in tqdm(results, desc="tokenising conversations", unit=" rows", disable=not progress):
+    kept = 0
+    for index, result in tqdm(results, desc="tokenising rows", unit=" rows", disable=not progress):
+        source = per_source[index]
+        source.read += 1
         if isinstance(result, BadRow):
             if strict:
                 raise result
-            skipped[result.reason] += 1
-            if summary.first_bad is None:
-                summary.first_bad = {"reason": result.reason, "where": result.where, "detail": result.detail}
+            source.skipped[result.reason] = source.skipped.get(result.reason, 0) + 1
+            if source.first_bad is None:
+                source.first_bad = {"reason": result.reason, "where": result.where, "detail": result.detail}
             continue
         input_ids, loss_mask = result
-        writer.add(input_ids, loss_mask, summary.kept)
-        summary.kept += 1
-        summary.total_tokens += len(input_ids)
-        summary.supervised_tokens += sum(loss_mask)
+        writer.add(input_ids, loss_mask, kept)
+        kept += 1
+        source.kept += 1
+        source.total_tokens += len(input_ids)
+        source.supervised_tokens += sum(loss_mask)
     writer.close()
-    summary.skipped = dict(skipped)
-    return summary
+    return _split_summary(per_source)
+
+
+def _split_summary(per_source: list[SourceSummary]) -> DataSummary:
+    """The split's totals over its sources (``first_bad``: the first source's first skipped row)."""
+    skipped: dict[str, int] = {}
+    for source in per_source:
+        for reason, count in source.skipped.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+    return DataSummary(
+        kept=sum(s.kept for s in per_source),
+        skipped=skipped,
+        supervised_tokens=sum(s.supervised_tokens for s in per_source),
+        total_tokens=sum(s.total_tokens for s in per_source),
+        first_bad=next((s.first_bad for s in per_source if s.first_bad is not None), None),
+        sources=per_source,
+    )
 
 
 class _ShardWriter:

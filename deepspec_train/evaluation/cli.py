@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.comparison_eval import run_comparison
 from deepspec_train.output_paths import ensure_output_dir, ensure_output_file
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
-from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
+from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, prompt_tokenizer
 from deepspec_train.evaluation.suites import Suite, load_suite
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, write_traces
@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite", action="append", required=True,
                         help="suite JSONL file, NAME=FILE (from `deepspec suites prepare`) or tinyworld:NAME")
     parser.add_argument("--tinyworld", default=None, help="tiny world directory for tinyworld:NAME suites")
+    parser.add_argument("--chat-template", default="",
+                        help="chat template for a target without one (built-in name: chatml; or a Jinja file)")
     parser.add_argument(
         "--block-size", type=int, default=None, help="drafted tokens per round (default: the drafter's maximum)"
     )
@@ -116,10 +118,10 @@ def run(args: argparse.Namespace) -> int:
     args.drafter, args.temperature, args.seed = args.drafter[0], args.temperature[0], args.seed[0]
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
+    tokenizer = prompt_tokenizer(args.target, args.chat_template)
     loaded = load_exported_drafter(args.drafter, target_path=args.target, device=device)
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     target.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
     drafter = loaded.block_drafter()
     block_size = args.block_size or drafter.max_block_size
     decoder = SpeculativeDecoder(

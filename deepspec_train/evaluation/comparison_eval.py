@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from deepspec_train.comparison.collect import DrafterRow
 from deepspec_train.comparison.plots import (
@@ -33,6 +33,7 @@ from deepspec_train.errors import UserError
 from deepspec_train.evaluation.drafter_comparison import BenchDrafter, DecodeSettings, decode_interleaved
 from deepspec_train.evaluation.position_buckets import POSITION_AXES, POSITION_BUCKETS
 from deepspec_train.evaluation.report import ConversationStats, build_results
+from deepspec_train.evaluation.speculative_decoder import prompt_tokenizer
 from deepspec_train.evaluation.suites import Suite
 from deepspec_train.evaluation.table1 import Table1, TableSettings, build_table1, table1_markdown
 from deepspec_train.formats.drafter_loader import load_exported_drafter
@@ -98,11 +99,11 @@ def run_comparison(args: argparse.Namespace, suites: list[Suite]) -> int:
         raise UserError(f"--baseline {baseline!r} is not one of the drafters {[n for n, _ in specs]}")
     out = Path(args.out)
     device = torch.device(args.device)
+    tokenizer = prompt_tokenizer(args.target, args.chat_template)
     drafters = [BenchDrafter.of(name, load_exported_drafter(path, target_path=args.target, device=device))
                 for name, path in specs]
     target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).to(device).eval()
     target.requires_grad_(False)
-    tokenizer = AutoTokenizer.from_pretrained(args.target)
     kinds = {d.name: d.loaded.kind for d in drafters}
     modeled = {d.name: d.modeled_draft_us() for d in drafters}
     tables, plots = [], []

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from deepspec_train.data.chat_templates import chat_tokenizer
 from deepspec_train.models.block_drafting import BlockDrafter, DraftBlock, DraftContext, calibrated_confidences
 from deepspec_train.evaluation.spec_sampling import (
     VerifyResult,
@@ -221,6 +222,14 @@ class TargetSession:
         if excess:
             self.cache.crop(-excess)
         self.tokens.extend(int(t) for t in emitted)
+
+
+def prompt_tokenizer(target_path: str, chat_template: str = "") -> PreTrainedTokenizerBase:
+    """The target's tokenizer with ``chat_template`` (``--chat-template``) applied, checked to have a template:
+    the suites' prompts are rendered with it, so a base model without one stops in one line before it loads."""
+    return chat_tokenizer(
+        AutoTokenizer.from_pretrained(target_path), chat_template, "rendering the suites' prompts", "--chat-template"
+    )
 
 
 class SpeculativeDecoder:

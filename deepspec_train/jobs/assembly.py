@@ -1,6 +1,7 @@
 """The pieces every training job is assembled from, whether the target runs colocated or on target workers.
 
-- data: the tokenised, cached ``train`` / ``validation`` datasets (``load_token_datasets``);
+- data: the tokenised, cached ``train`` / ``validation`` datasets (``load_token_datasets``), refused in one line
+  when they cannot fill one step or one validation pass (``data.usable_rows``);
 - the plan: steps (``total_steps_for``), packing (``packing_spec``), the attention backend;
 - a drafter rank's data: its training step plan and its fixed validation pass (``train_plan``,
   ``validation_plan``, pure ``steps.plan.StepPlan`` records) and the chunk builder over a tapped target
@@ -26,7 +27,10 @@ from torch import nn
 
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.data.chat_templates import with_chat_template
+from deepspec_train.data.row_shapes import field_map
 from deepspec_train.data.token_shards import ConversationRenderer, build_token_dataset
+from deepspec_train.data.usable_rows import require_usable_rows
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.console import get_logger
 from deepspec_train.metrics.sinks import make_sink
@@ -76,18 +80,26 @@ def packing_spec(cfg: RecipeConfig) -> PackingSpec:
 
 
 def conversation_renderer(cfg: RecipeConfig) -> ConversationRenderer:
-    """How the recipe's conversations become samples; training and ``data/tokenize_shards.py`` both use it, so
-    they name the same cache entry."""
+    """How the recipe's rows become samples (the target's tokenizer with ``data.chat_template`` applied, the row
+    format and fields); training, ``data/tokenize_shards.py`` and ``deepspec data check`` all use it, so they
+    name the same cache entry."""
     return ConversationRenderer(
-        load_tokenizer(cfg.target), cfg.data.max_length, {"enable_thinking": cfg.data.enable_thinking},
-        cfg.data.supervise_reasoning,
+        with_chat_template(load_tokenizer(cfg.target), cfg.data.chat_template), cfg.data.max_length,
+        {"enable_thinking": cfg.data.enable_thinking}, cfg.data.supervise_reasoning, cfg.data.format,
+        field_map(cfg.data.fields),
     )
 
 
 def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
     """Tokenised ``train`` and (when named) ``validation`` datasets, cached on disk (``data.train`` is never empty:
-    ``config.rules`` refuses that recipe)."""
+    ``config.rules`` refuses that recipe); ``UnusableDataError`` (one line) when one cannot be trained on."""
     renderer = conversation_renderer(cfg)
+    drafter_ranks = ctx.world_size - cfg.topology.target_workers
+    needs = {
+        "train": (cfg.train.global_batch_sequences,
+                  f"one step's {cfg.train.global_batch_sequences} (train.global_batch_sequences)"),
+        "validation": (drafter_ranks, f"one validation pass's {drafter_ranks} (a row per drafter rank)"),
+    }
     datasets = {}
     for split, sources in (("train", cfg.data.train), ("validation", cfg.data.validation)):
         if not sources:
@@ -100,7 +112,10 @@ def load_token_datasets(cfg: RecipeConfig, ctx: DistContext) -> dict:
                     progress=ctx.is_main, num_workers=cfg.data.num_workers,
                 )
             barrier(ctx)
+        for line in summary.shapes():
+            log.info("%s data: %s", split, line)
         log.info("%s data: %s", split, summary.format())
+        require_usable_rows(summary, split, *needs[split], cfg.data.max_skipped_fraction)
         datasets[split] = dataset
     return datasets
 

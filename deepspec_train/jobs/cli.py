@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from deepspec_train.errors import exit_on_user_error
+from deepspec_train.package_version import package_version
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {
@@ -26,11 +27,15 @@ VERBS: dict[str, tuple[str, str]] = {
     "compare": ("deepspec_train.comparison.cli", "compare drafters: markdown tables, PNG plots, optional W&B run"),
     "suites": ("deepspec_train.suites.cli", "prepare the paper's benchmark suites (GSM8K, ...) from local files"),
     "eval": ("deepspec_train.evaluation.cli", "exact speculative decoding of prompt suites: tau, acceptance, traces"),
+    "data": ("deepspec_train.jobs.data_check_cli", "check data sources with a target's tokenizer (no weights)"),
+    "recipes": ("deepspec_train.jobs.recipes_cli", "list the recipes, show one resolved, or copy one to edit"),
+    "env": ("deepspec_train.jobs.env_cli", "versions of python, torch and the libraries, CUDA and its devices"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="deepspec", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"deepspec_train {package_version()}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for verb, (_, help_text) in VERBS.items():
         sub.add_parser(verb, help=help_text, add_help=False)

@@ -5,27 +5,35 @@ the target's config.json, the launch's process count and whether ``run.output_di
 value fails in well under a second with a one-line message, before any data is tokenised or any weight is read.
 Bad input found later (a data file, a checkpoint to resume) is reported the same way: ``error: <one line>`` on
 stderr and exit status 2 (``deepspec_train.errors``).
+
+``--dry-run`` stops after that validation and prints the resolved config (YAML) instead of training: the same
+checks run, torch is never imported, and no folder is left behind (the output folders are proven writable
+where they would be created). ``--help`` prints the usage, the recipes found and where recipe keys are
+documented, and exits 0.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 
-from deepspec_train.config.loader import ConfigError
+from deepspec_train.config.loader import ConfigError, available_recipes, recipe_dirs, resolved_yaml
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.errors import exit_on_user_error
 from deepspec_train.jobs.run_directory import output_dir_problems
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.output_paths import check_output_dir, ensure_output_dir
 
-USAGE = "usage: train.py recipe=NAME [dotted.key=value ...]"
+USAGE = "usage: train.py recipe=NAME [dotted.key=value ...] [--dry-run]"
+HELP_OPTIONS = ("-h", "--help")
+DRY_RUN = "--dry-run"
 
 
 def parse_command_line(argv: list[str]) -> tuple[str, list[str]]:
     recipe = None
     overrides = []
     for arg in argv:
-        if arg in ("-h", "--help"):
+        if arg in HELP_OPTIONS:
             raise ConfigError(USAGE)
         if arg.startswith("recipe="):
             recipe = arg.split("=", 1)[1]
@@ -38,20 +46,50 @@ def parse_command_line(argv: list[str]) -> tuple[str, list[str]]:
     return recipe, overrides
 
 
+def help_text() -> str:
+    """What ``train.py --help`` prints: the usage, the recipes found, where recipe keys are documented."""
+    where = "".join(f"\n  {folder}" for folder in recipe_dirs())
+    names = textwrap.fill(", ".join(available_recipes()), width=110, initial_indent="  ", subsequent_indent="  ",
+                          break_on_hyphens=False)
+    return f"""{USAGE}
+       (the same after `deepspec train`, `torchrun ... train.py` or `accelerate launch train.py`)
+
+Train a drafter from a recipe: a name from the folders below or a path to a YAML file, then dotted.key=value
+overrides (e.g. train.lr=3e-4 drafter.num_layers=3). Every value is checked before anything loads.
+
+  --dry-run   check the recipe and overrides as a run does, print the resolved config (YAML), train nothing
+  -h, --help  print this help
+
+recipes (`deepspec recipes list` describes each):
+{names}
+looked up, in this order, in:{where}
+
+recipe keys: deepspec_train/config/schema.py (each key with its default and a comment); `deepspec recipes show
+NAME` prints a recipe with every key filled in; docs/training.md explains the checks and what a run writes."""
+
+
 def main(argv: list[str]) -> int:
     return exit_on_user_error(lambda: _train_from_command_line(argv))
 
 
 def _train_from_command_line(argv: list[str]) -> int:
-    recipe, overrides = parse_command_line(argv)
+    if any(arg in HELP_OPTIONS for arg in argv):
+        print(help_text())
+        return 0
+    dry_run = DRY_RUN in argv
+    recipe, overrides = parse_command_line([arg for arg in argv if arg != DRY_RUN])
     cfg = load_recipe(recipe, overrides)
     # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
     problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
     if problems:
         raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
+    prepare_output_dir = check_output_dir if dry_run else ensure_output_dir
     if cfg.data.cache_dir:
-        ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
-    ensure_output_dir(cfg.run.output_dir, "run.output_dir")
+        prepare_output_dir(cfg.data.cache_dir, "data.cache_dir")
+    prepare_output_dir(cfg.run.output_dir, "run.output_dir")
+    if dry_run:
+        print(resolved_yaml(cfg), end="")
+        return 0
     from deepspec_train.jobs.run import run_training
     from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted
 

@@ -1,15 +1,18 @@
-"""``deepspec train recipe=NAME [overrides]``: the same as ``python train.py``."""
+"""``deepspec train recipe=NAME [overrides] [--dry-run]``: the same as ``python train.py``."""
 
 from __future__ import annotations
 
 import argparse
 
-from deepspec_train.jobs.entry import main
+from deepspec_train.jobs.entry import DRY_RUN, main
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("args", nargs="*", help="recipe=NAME followed by dotted.key=value overrides")
+    parser.add_argument(DRY_RUN, action="store_true",
+                        help="check the recipe as a run does and print the resolved config (YAML); train nothing")
+    # Everything after the first word goes to train.py's own parser, which also reads --dry-run and --help there.
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="recipe=NAME, then dotted.key=value overrides")
 
 
 def run(args: argparse.Namespace) -> int:
-    return main(args.args)
+    return main(args.args + ([DRY_RUN] if args.dry_run else []))

@@ -3,22 +3,24 @@
 Examples::
 
     # against running vLLM / SGLang servers (model = the served model name)
-    deepspec regenerate --input prompts.jsonl --output regen.jsonl --backend http \\
+    deepspec regenerate --input prompts.jsonl --out regen.jsonl --backend http \\
         --endpoint http://node1:8000 --endpoint http://node2:8000 --model Qwen/Qwen3-8B --recipe qwen3-8b
     # a small target with transformers on this machine
-    python -m deepspec_train.regenerate.cli --input prompts.jsonl --output regen.jsonl --backend local \\
+    python -m deepspec_train.regenerate.cli --input prompts.jsonl --out regen.jsonl --backend local \\
         --model runs/tinyworld/target --batch-size 32
 
 Sampling parameters come from the recipe's ``regenerate`` section (DeepSpec's defaults without one); flags
 override single fields. Re-running the same command resumes. The exit status is 0 when every row is done,
 1 when some failed (run again to retry them), 2 on a usage error (one line, before any request: the input is
-the output, an endpoint is not an http(s) URL, a missing option).
+the output, an endpoint is not an http(s) URL, a missing option). ``--output``, this verb's old spelling of
+``--out``, still works and prints a one-line notice on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
@@ -30,9 +32,21 @@ from deepspec_train.regenerate.runner import MULTI_TURN_MODES, check_output_is_n
 from deepspec_train.regenerate.sampling import SamplingParams
 
 
+class _OutOrOldSpelling(argparse.Action):
+    """Stores ``--out``; ``--output``, the spelling this verb had before every verb said ``--out``, still works
+    (scripts written for it keep running) and prints a one-line deprecation notice on stderr."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        if option_string == "--output":
+            sys.stderr.write("warning: --output is deprecated: use --out, as every deepspec verb does\n")
+        setattr(namespace, self.dest, values)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", required=True, help="prompt set: JSONL / Parquet / Arrow / dataset directory")
-    parser.add_argument("--output", required=True, help="JSONL written (and resumed) row by row")
+    parser.add_argument("--out", "--output", dest="out", required=True, action=_OutOrOldSpelling,
+                        help="JSONL written (and resumed) row by row (--output: the old spelling)")
     parser.add_argument("--backend", choices=("local", "http"), default="http")
     parser.add_argument("--model", default=None, help="local: model directory; http: the served model name")
     parser.add_argument("--endpoint", action="append", default=None, help="server base URL; repeat for several")
@@ -55,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="local: conversations per generate call")
     parser.add_argument("--device", default="cpu", help="local: torch device")
     parser.add_argument("--seed", type=int, default=0, help="local: sampling seed")
+    parser.add_argument("--chat-template", default="",
+                        help="local: chat template for a model without one (built-in name: chatml; or a Jinja file)")
     parser.add_argument("--no-progress", action="store_true")
 
 
@@ -75,7 +91,9 @@ def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: 
         from deepspec_train.regenerate.local_backend import LocalBackend
 
         batch_size = args.batch_size if args.batch_size is not None else cfg.batch_size
-        return LocalBackend(model, batch_size=batch_size, device=args.device, seed=args.seed)
+        return LocalBackend(
+            model, batch_size=batch_size, device=args.device, seed=args.seed, chat_template=args.chat_template
+        )
     from deepspec_train.regenerate.http_backend import OpenAIChatBackend
 
     endpoints = args.endpoint or cfg.endpoints
@@ -93,8 +111,8 @@ def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: 
 
 def run(args: argparse.Namespace) -> int:
     # Before the backend: a local one loads the model first, and nothing should wait on a command that cannot run.
-    check_output_is_not_input(args.input, args.output)
-    ensure_output_file(args.output, "--output")
+    check_output_is_not_input(args.input, args.out)
+    ensure_output_file(args.out, "--out")
     try:
         cfg, target_path = _recipe_settings(args)
         sampling = SamplingParams.from_recipe(cfg).with_overrides(
@@ -111,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from exc
     summary = regenerate_file(
         args.input,
-        args.output,
+        args.out,
         backend,
         sampling,
         progress=not args.no_progress,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from deepspec_train.data.chat_templates import chat_tokenizer
 from deepspec_train.regenerate.backend import GenerationError, Message
 from deepspec_train.regenerate.sampling import SamplingParams
 
@@ -42,7 +43,8 @@ class LocalBackend:
     batched = True
 
     def __init__(
-        self, model_path: str, batch_size: int = 16, device: str = "cpu", seed: int = 0, dtype: str = "auto"
+        self, model_path: str, batch_size: int = 16, device: str = "cpu", seed: int = 0, dtype: str = "auto",
+        chat_template: str = "",
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -50,7 +52,11 @@ class LocalBackend:
         self.max_in_flight = batch_size
         self.device = torch.device(device)
         self.seed = seed
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # Prompts are rendered with a chat template: a base model needs ``chat_template``, checked before it loads.
+        self.tokenizer = chat_tokenizer(
+            AutoTokenizer.from_pretrained(model_path), chat_template, f"regenerating with {model_path}",
+            "--chat-template",
+        )
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token

@@ -140,10 +140,10 @@ def check_output_is_not_input(input_path: str, output_path: str) -> None:
     output = Path(os.path.expanduser(output_path)).resolve()
     same = source == output or (source.is_file() and output.is_file() and os.path.samefile(source, output))
     if same:
-        raise UserError(f"--output {output_path} is the input file {input_path}; write the answers to another file")
+        raise UserError(f"--out {output_path} is the input file {input_path}; write the answers to another file")
     if source.is_dir() and output.is_relative_to(source):
         raise UserError(
-            f"--output {output_path} lies inside the input directory {input_path}, so a re-run would read it back "
+            f"--out {output_path} lies inside the input directory {input_path}, so a re-run would read it back "
             "as input; write it elsewhere"
         )
 

@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from deepspec_train.config.rules import resolve_repo_path
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.config.shipped_files import resolve_shipped_path
 from deepspec_train.training.distributed import DistContext
 
 ADAM_MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -59,7 +59,7 @@ def uses_bf16(cfg: RecipeConfig, device: torch.device) -> bool:
 
 def resolve_deepspeed_config(cfg: RecipeConfig, num_drafters: int, device: torch.device) -> dict:
     """The file named by ``train.deepspeed_config`` overlaid with the recipe's values."""
-    base = json.loads(resolve_repo_path(cfg.train.deepspeed_config).read_text())
+    base = json.loads(resolve_shipped_path(cfg.train.deepspeed_config).read_text())
     zero = base.get("zero_optimization", {})
     if zero.get("stage") != 2 or "offload_optimizer" in zero:
         raise ValueError(f"{cfg.train.deepspeed_config}: the drafter trainer supports ZeRO stage 2 without offload")
