@@ -64,7 +64,7 @@ recipes (`deepspec recipes list` describes each):
 {names}
 looked up, in this order, in:{where}
 
-recipe keys: deepspec_train/config/schema.py (each key with its default and a comment); `deepspec recipes show
+recipe keys: docs/reference/recipe_keys.md (each key's type, default and rules); `deepspec recipes show
 NAME` prints a recipe with every key filled in; docs/training.md explains the checks and what a run writes."""
 
 

@@ -3,7 +3,8 @@
 Each layout record (``kinds/*_layout.py``) has one reader per engine that returns an ``EngineReading``: the target
 layers the engine captures, why it does not serve the export at all, the ways it would misread it, and the serve
 command lines. ``export.engine_rules`` runs the readers and refuses an export an engine would misread. The facts
-below come from the engines' code (vLLM 0.33, SGLang 0.5.23; FORMATS.md):
+below come from the engines' code (vLLM 0.33, SGLang 0.5.23;
+docs/reference/file_formats.md):
 
 - Capture. Both engines walk the target's decoder layers in order and, for every layer index ``i`` in their capture
   set, keep the residual stream entering layer ``i`` (the output of decoder layer ``i - 1``; ``i = 0`` is the

@@ -96,7 +96,7 @@ TEST = TinyWorldPreset(
 # top-p / top-k truncation: a drafter learns the distribution it will be asked to match. On validation prompts
 # (never the suites), regenerating at T = 0.8, top-p 0.95, top-k 50 instead left DSpark / EAGLE-3 at a tau ratio of
 # 1.017 [0.969, 1.067] at T = 1; at T = 1 untruncated the same recipes reach 1.144 [1.097, 1.193]
-# (docs/lab_notebook.md, rows 2 and 5). The target and the prompts are unchanged, and so is the cost.
+# (docs/contributors/lab_notebook.md, rows 2 and 5). The target and the prompts are unchanged, and so is the cost.
 SMALL = TinyWorldPreset(
     name="small",
     num_math=3000,
