@@ -10,7 +10,9 @@
    (the recipes share ``run.seed``, which alone fixes the sequence order and the anchors), ``--train-jobs`` at a
    time (default one after the other), the machine's cores shared evenly between the jobs running together. Jobs
    start in the order of ``--recipes``; the default lists the costliest to train first, so that with two jobs the
-   short ones fill in beside the long ones.
+   short ones fill in beside the long ones. ``--training-seeds N`` trains every recipe N times (``run.seed`` 0..N-1,
+   runs ``OUT/RECIPE`` and ``OUT/RECIPE@sS``) and reports tau pooled over the seeds with intervals over training
+   seeds and prompts together (a two-level bootstrap).
 2. Decodes the built-in suites (code, prose, math) with the exact speculative decoder at each temperature
    (default 1 and 0; ``--seeds`` sampling seeds at T > 0), all drafters interleaved prompt by prompt, in
    ``--decode-workers`` one-thread processes (default one per core; the rows do not depend on the count).
@@ -43,6 +45,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -63,6 +66,8 @@ from deepspec_train.serving_cost import DEFAULT_CONTEXT, REPORT_BATCHES, REPORT_
 from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
 from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
 from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
+from deepspec_train.evaluation.paired_bootstrap import prompt_totals  # noqa: E402
+from deepspec_train.evaluation.seed_bootstrap import seed_and_prompt_ratios  # noqa: E402
 
 DEFAULT_RECIPES = ("tiny-dspark", "tiny-dspark-vanilla", "tiny-dflash", "tiny-eagle3")
 GOAL_RATIO = 1.25
@@ -91,6 +96,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="sampling seeds at T > 0, prompts pooled over seeds (6: tau ratios' standard errors near 0.03)")
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates")
+    p.add_argument("--training-seeds", type=int, default=1,
+                   help="drafters trained per recipe (run.seed 0..N-1); N > 1: intervals over training seeds and "
+                        "prompts together (a two-level bootstrap), tau pooled over the seeds")
     p.add_argument("--calibration-prompts", type=int, default=None, help="validation prompts for the STS fit")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads of the main process while decoding (tiny models: 1 is fastest)")
@@ -163,6 +171,31 @@ def train_all(commands: dict[str, list[str]], jobs: int, log_dir: Path) -> dict[
     return seconds
 
 
+def run_name(recipe: str, seed: int) -> str:
+    """The run of ``recipe`` trained with ``run.seed`` = ``seed`` (the first seed keeps the recipe's name)."""
+    return recipe if seed == 0 else f"{recipe}@s{seed}"
+
+
+def seed_override(seed: int) -> list[str]:
+    return [] if seed == 0 else [f"run.seed={seed}"]
+
+
+def tau_ratios(rows: dict, args: argparse.Namespace, reference: str, others: list[str]) -> tuple[dict, dict]:
+    """Per-category prompt totals by recipe and the reference's tau ratios: with one training seed, the paired
+    bootstrap over prompts; with several, each recipe's totals pooled over its seeds (prompts of every seed side by
+    side) and the two-level bootstrap over training seeds and prompts (``evaluation.seed_bootstrap``)."""
+    if args.training_seeds == 1:
+        totals = totals_by_category(rows)
+        return totals, paired_ratios(totals, reference, others, args.bootstrap, seed=0)
+    by_run = totals_by_category(rows)
+    by_seed = [{c: {r: per[run_name(r, s)] for r in args.recipes} for c, per in by_run.items()}
+               for s in range(args.training_seeds)]
+    pooled = {c: {r: prompt_totals(np.concatenate([seed[c][r].emitted for seed in by_seed]),
+                                   np.concatenate([seed[c][r].rounds for seed in by_seed])) for r in args.recipes}
+              for c in by_run}
+    return pooled, seed_and_prompt_ratios(by_seed, [(reference, o) for o in others], args.bootstrap, seed=0)
+
+
 def calibration_suite(world: Path, limit: int | None) -> Suite:
     """The user turns of the validation conversations (held out from the suites and from training)."""
     prompts = []
@@ -218,8 +251,10 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"{world}: no tiny world (build one: deepspec tinyworld build --out {world})")
     out.mkdir(parents=True, exist_ok=True)
     overrides = recipe_overrides(args)
-    commands = {recipe: train_command(recipe, overrides[recipe], args, world, out / recipe) for recipe in args.recipes
-                if not (args.reuse and (out / recipe / "drafter").is_dir())}
+    runs = [(recipe, seed) for seed in range(args.training_seeds) for recipe in args.recipes]
+    commands = {run_name(recipe, seed): train_command(recipe, [*overrides[recipe], *seed_override(seed)], args, world,
+                                                      out / run_name(recipe, seed))
+                for recipe, seed in runs if not (args.reuse and (out / run_name(recipe, seed) / "drafter").is_dir())}
     train_seconds = train_all(commands, args.train_jobs, out)
 
     torch.set_num_threads(args.threads)
@@ -228,6 +263,10 @@ def main(argv: list[str]) -> int:
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
     drafters = [BenchDrafter.of(r, load_exported_drafter(out / r / "drafter", str(target_path))) for r in args.recipes]
+    # The other training seeds' drafters decode beside the first seed's; only the tau ratios read them.
+    other_seeds = [BenchDrafter.of(run_name(r, s), load_exported_drafter(out / run_name(r, s) / "drafter",
+                                                                         str(target_path)))
+                   for s in range(1, args.training_seeds) for r in args.recipes]
     if args.on == "validation":
         suites = validation_suites(world, args.prompts)
     else:
@@ -242,8 +281,8 @@ def main(argv: list[str]) -> int:
         seeds = list(range(args.seeds)) if temperature > 0 else [0]
         conversations: dict[str, list[ConversationStats]] = {}
         settings = DecodeSettings(temperature, tuple(seeds), args.new_tokens)
-        rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress, conversations,
-                                  args.decode_workers)
+        rows = decode_interleaved(target, tokenizer, drafters + other_seeds, suites, settings, not args.no_progress,
+                                  conversations, args.decode_workers)
         rows_at[temperature] = rows
         for d in drafters:
             write_traces(out / "traces" / f"{d.name}_T{temperature:g}.jsonl", rows[d.name])
@@ -256,8 +295,7 @@ def main(argv: list[str]) -> int:
                 (out / d.name / "eval").mkdir(parents=True, exist_ok=True)
                 (out / d.name / "eval" / "results.json").write_text(json.dumps(results, indent=2))
                 write_traces(out / d.name / "eval" / "traces.jsonl", rows[d.name])
-        totals = totals_by_category(rows)
-        ratios = paired_ratios(totals, reference, others, args.bootstrap, seed=0)
+        totals, ratios = tau_ratios(rows, args, reference, others)
         tables[f"tau_T{temperature:g}"] = tau_table(totals, args.recipes, ratios)
         factors = {b: {r: costs[r].times[b].speedup_per_token for r in args.recipes} for b in REPORT_BATCHES}
         speedups = {b: speedup_ratios(ratios, factors[b]) for b in REPORT_BATCHES}

@@ -155,6 +155,7 @@ def report_drafters() -> list[ServedDrafter]:
         served_recipe("qwen3-8b", ["drafter.markov_head_type=rnn"], name="DSpark 5L r256 rnn"),
         served_recipe("qwen3-8b", ["drafter.draft_vocab_size=32000"], name="DSpark 5L r256 vanilla, draft vocab 32K"),
         served_recipe("qwen3-8b-dflash", name="DFlash 5L"),
+        served_recipe("qwen3-8b-dflash2", name="DFlash2 5L k8 r256"),
         served_recipe("qwen3-8b-eagle3", name=REFERENCE),
     ]
     for tiny in ("tiny-dspark", "tiny-eagle3"):

@@ -2,9 +2,9 @@
 reads and writes in device memory and the matmul FLOPs it does, for ``batch`` requests decoding together.
 
 The drafter kinds compose their rounds from these pieces (``DrafterKind.serving_round``: ``parallel_round`` for
-DSpark / DFlash, ``eagle3_round`` for EAGLE-3); ``target_round`` is the target's forward over the tokens it
-verifies. ``deepspec_train.serving_cost`` turns the groups into roofline times on named GPUs. Pure arithmetic: no
-torch, so the kind records can import it.
+DSpark / DFlash, ``dflash2_round`` for DFlash2, ``eagle3_round`` for EAGLE-3); ``target_round`` is the target's
+forward over the tokens it verifies. ``deepspec_train.serving_cost`` turns the groups into roofline times on named
+GPUs. Pure arithmetic: no torch, so the kind records can import it.
 
 Accounting (what "bytes" and "FLOPs" mean here, the same for every group):
 
@@ -351,3 +351,49 @@ def target_round(hf_config: Any, tokens: int, shape: RoundShape) -> ServingRound
     head.matmul(head_name, rows, d, vocab, out_bytes=LOGIT_BYTES)
     groups.append(head.done())
     return ServingRound(0, tuple(groups))
+
+
+def dflash2_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, shape: RoundShape) -> ServingRound:
+    """DFlash2: the DFlash round (``parallel_round``) with, in each backbone layer, the two convolutions'
+    ``kernel_projection`` over the block's rows and their ``base_kernel``; instead of sampling from the whole
+    vocabulary, the top-K candidates of each drafted slot's logits, the selector's lattice (``hidden_projection``,
+    the predecessor rows of the anchor and of the previous slot's candidates, the successor rows of the slot's
+    candidates, one ``[K, r] x [r, K]`` product per slot) and the walk, which reads one row of K scores per slot
+    and writes q over the K candidates (vLLM walks all slots in one kernel: one group). The convolutions'
+    products themselves are elementwise (no matmul FLOPs)."""
+    d, vocab, b, block = geometry.hidden_size, geometry.vocab_size, shape.batch, cfg.block_size
+    top_k, rank = cfg.selector_top_k, cfg.selector_rank
+    base = parallel_round(cfg, geometry, taps, shape)
+    groups, layer = [], 0
+    for group in base.groups:
+        if group.name == "backbone layer":
+            extra = _Group("")
+            for conv in ("attention_conv", "mlp_conv"):
+                prefix = f"layers.{layer}.{conv}."
+                extra.matmul(prefix + "kernel_projection.weight", b * block, d,
+                             2 * cfg.conv_kernel_size * (d // cfg.conv_group_size))
+                extra.weights.append(Weight(prefix + "base_kernel", 2 * cfg.conv_kernel_size * d,
+                                            2 * cfg.conv_kernel_size * d))
+                # Each convolution reads its rows and writes them back, once per side.
+                extra.activations += 2 * 2 * ACTIVATION_BYTES * b * block * d
+            groups.append(KernelGroup(group.name, group.weights + tuple(extra.weights),
+                                      group.activation_bytes + extra.activations, group.flops + extra.flops))
+            layer += 1
+        elif group.name != "sampling":
+            groups.append(group)
+    slots = b * base.drafts
+    select = _Group("top-K candidates")
+    select.sample(slots, vocab)
+    select.activations += slots * top_k * (LOGIT_BYTES + INDEX_BYTES)
+    groups.append(select.done())
+    lattice = _Group("selector lattice")
+    lattice.matmul("candidate_selector.hidden_projection.weight", slots, d, rank)
+    lattice.gather("candidate_selector.predecessor_codebook", vocab, rank, slots * top_k)
+    lattice.gather("candidate_selector.successor_codebook", vocab, rank, slots * top_k)
+    lattice.flops += 2 * slots * top_k * top_k * rank
+    lattice.activations += LOGIT_BYTES * slots * top_k * top_k
+    groups.append(lattice.done())
+    walk = _Group("selector walk")
+    walk.activations += slots * top_k * (2 * LOGIT_BYTES + INDEX_BYTES)
+    groups.append(walk.done())
+    return ServingRound(base.drafts, tuple(groups))

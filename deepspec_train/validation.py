@@ -1,6 +1,7 @@
 """The one validation of a training recipe: its types (``config.loader``), the rules of ``config.rules``, the
 anchor rate's (``packing.anchor_counts``), the drafter kind's own rules (``kinds``) and, when asked,
-the rules that need the target's ``config.json``.
+the rules that need the target's ``config.json``, after the settings a recipe leaves null are taken from the target
+(``config.target_tokens``).
 
 It sits above both ``config`` and ``kinds`` so that neither imports the other's rules: the kind records import
 the config schema, and the schema knows nothing of kinds. Every entry point loads recipes through
@@ -12,6 +13,7 @@ from __future__ import annotations
 from deepspec_train.config.loader import ConfigError, read_recipe
 from deepspec_train.config.rules import read_target_config, recipe_problems, target_problems
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.config.target_tokens import resolve as resolve_from_target
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.packing.anchor_counts import anchor_rate_problems
 
@@ -36,9 +38,12 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None, check_tar
     path, cfg = read_recipe(name_or_path, overrides)
     problems = recipe_and_kind_problems(cfg)
     if check_target and not problems:
-        uses_mask_token = kind_spec(cfg.drafter.kind).uses_mask_token
+        spec = kind_spec(cfg.drafter.kind)
+        uses_mask_token = spec.uses_mask_token
         try:
-            problems = target_problems(cfg, read_target_config(cfg.target.path), uses_mask_token)
+            target_config = read_target_config(cfg.target.path)
+            resolve_from_target(cfg, target_config, uses_mask_token, spec.default_taps)
+            problems = target_problems(cfg, target_config, uses_mask_token)
         except (OSError, ValueError) as exc:
             problems = [str(exc)]
     if problems:

@@ -15,6 +15,7 @@ from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.training.batch_loss import DrafterLoss
 from tests.helpers.tiny_drafter import drafter_config, random_loss_mask
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY, VOCAB
+from tests.helpers.slot_logits import slot_logits
 
 LENGTHS = (70, 45, 90)
 # Every kind's taps: two for the parallel drafters' tiny config, three for EAGLE-3's low / mid / high.
@@ -91,5 +92,5 @@ def test_checkpointing_is_the_plain_forward_without_gradients(name: str) -> None
         cfg = DrafterConfig(**{**vars(drafter_cfg), "activation_checkpointing": checkpointing})
         model = kind_spec(cfg.kind).build(cfg, TINY_GEOMETRY, layer_ids, counts).eval()
         with torch.no_grad():
-            outputs.append(model.slot_logits(batch))
+            outputs.append(slot_logits(model, batch))
     assert torch.equal(outputs[0], outputs[1])

@@ -24,6 +24,7 @@ from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 from deepspec_train.validation import load_recipe
 from tests.helpers.tiny_geometry import TINY_GEOMETRY
+from tests.helpers.slot_logits import slot_logits
 
 MASK_ID = 1
 # The tiny geometry with a smaller vocabulary and head, and taps from 8 target layers (layer ids up to 4).
@@ -249,7 +250,7 @@ def test_ttt_unroll_matches_brute_force_per_block() -> None:
     torch.testing.assert_close(out.hidden, drafter.norm(got[mask]), rtol=0, atol=0)
     assert out.hidden.shape == (batch.num_supervised, TINY.hidden_size)
     assert torch.equal(out.slot_index, torch.arange(block).expand_as(mask)[mask])
-    logits = drafter.slot_logits(batch)
+    logits = slot_logits(drafter, batch)
     assert logits.shape == (batch.num_blocks, block, drafter.draft_vocab.size)
     torch.testing.assert_close(logits[mask], drafter.lm_head(out.hidden), rtol=1e-6, atol=1e-6)
 

@@ -26,6 +26,7 @@ from deepspec_train.validation import load_recipe
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.run import run_training
 from tests.helpers.tiny_world_overrides import training_overrides
+from tests.helpers.slot_logits import slot_logits
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFT_VOCAB, TAPS = 128, "[0,1,2]"
@@ -64,7 +65,7 @@ def _same_logits(export: Path, run_drafter: Path, target: Path) -> None:
     batch.ctx_features = torch.randn(batch.ctx_features.shape[0], 3 * hidden)
     batch.target_hidden = torch.randn(batch.target_hidden.shape[0], hidden)
     with torch.no_grad():
-        torch.testing.assert_close(exported.module.slot_logits(batch), trained.module.slot_logits(batch),
+        torch.testing.assert_close(slot_logits(exported.module, batch), slot_logits(trained.module, batch),
                                    rtol=0, atol=0)
 
 

@@ -23,6 +23,7 @@ from tests.helpers.tiny_drafter import (
     LAYER_IDS, anchor_batch, drafter_config, random_item, tiny_drafter, use_dynamic_rope,
 )
 from tests.helpers.reference_loss import reference_loss
+from tests.helpers.slot_logits import slot_logits
 
 RANK = 8
 
@@ -149,7 +150,7 @@ def test_drafting_equals_teacher_forced_logits_on_the_drafted_tokens(head_type: 
     batch = anchor_batch(context, anchors, BLOCK, MASK_ID)
     prev = torch.cat([anchors[:, None], draft.tokens[:, :-1]], dim=1)
     with torch.no_grad():
-        logits = model.slot_logits(batch, prev)
+        logits = slot_logits(model, batch, prev)
         conf = model.confidence_logits(model.backbone(batch), model.markov_rows(prev))
     torch.testing.assert_close(draft.probs, torch.softmax(logits, -1), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(draft.confidence_logits, conf, rtol=1e-5, atol=1e-5)

@@ -15,6 +15,7 @@ from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY, VOCAB
 from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item, tiny_drafter
+from tests.helpers.slot_logits import slot_logits
 
 
 def _batch(seed: int = 0, lengths=(23, 31, 17)):
@@ -139,7 +140,7 @@ def test_slot_logits_equal_lm_head_plus_markov_bias():
     batch = _batch(seed=3)
     prev = torch.randint(0, VOCAB, batch.block_prev.shape)
     with torch.no_grad():
-        logits = model.slot_logits(batch, prev)
+        logits = slot_logits(model, batch, prev)
         hidden = model.backbone(batch)
     w1 = model.markov_head.markov_w1.weight
     w2 = model.markov_head.markov_w2.weight
@@ -151,7 +152,7 @@ def test_slot_logits_equal_lm_head_plus_markov_bias():
     # DFlash: logits are the LM head alone.
     dflash = tiny_drafter("dflash")
     with torch.no_grad():
-        torch.testing.assert_close(dflash.slot_logits(batch), dflash.lm_head(dflash.backbone(batch)))
+        torch.testing.assert_close(slot_logits(dflash, batch), dflash.lm_head(dflash.backbone(batch)))
 
 
 def test_target_heads_are_frozen_copies():

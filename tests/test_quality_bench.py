@@ -219,3 +219,29 @@ def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path
     assert len(report["confidence"]["ece"]) == 7
     assert (tmp_path / "q" / "tiny-dflash" / "eval" / "results.json").is_file()
     assert list((tmp_path / "q").glob("wandb/offline-run-*"))
+
+
+def test_training_seeds_pool_tau_and_bootstrap_over_seeds_and_prompts() -> None:
+    """``bench/quality.py --training-seeds 2``: each recipe's tau pools its two seeds' drafters (prompts of both side
+    by side) and the ratio interval comes from the two-level bootstrap (one seed: the paired prompt bootstrap)."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.quality import run_name, tau_ratios
+
+    def rounds(name: str, emitted: list[int]) -> list[TraceRound]:
+        return [TraceRound("math", "math", f"p{i}", 0, 0, 7, e - 1, e, None, None, ()) for i, e in enumerate(emitted)]
+
+    per_run = {"a": [6, 4, 5], "b": [3, 3, 3], "a@s1": [2, 2, 2], "b@s1": [2, 2, 2]}
+    rows = {name: rounds(name, emitted) for name, emitted in per_run.items()}
+    args = argparse.Namespace(training_seeds=2, recipes=["a", "b"], bootstrap=200)
+    assert run_name("a", 1) == "a@s1" and run_name("a", 0) == "a"
+    totals, ratios = tau_ratios(rows, args, "a", ["b"])
+    assert totals["math"]["a"].tau() == pytest.approx(21 / 6) and totals["math"]["b"].tau() == pytest.approx(15 / 6)
+    estimate = ratios[("a", "b")]["math"]
+    # A replicate that draws seed 1 twice compares two equal drafters: the interval reaches 1.
+    assert estimate.value == pytest.approx(21 / 15) and estimate.low <= 1.0 < estimate.high
+    one_seed = argparse.Namespace(training_seeds=1, recipes=["a", "b"], bootstrap=200)
+    _, single = tau_ratios({"a": rows["a"], "b": rows["b"]}, one_seed, "a", ["b"])
+    assert single[("a", "b")]["math"].value == pytest.approx(15 / 9) and single[("a", "b")]["math"].low > 1.0

@@ -36,6 +36,7 @@ from tests.helpers.tiny_drafter import LAYER_IDS, drafter_config, random_item
 from tests.helpers.tiny_geometry import BLOCK, MASK_ID, TINY_GEOMETRY, VOCAB
 from tests.helpers.streaming_world import free_port
 from tests.helpers.tiny_world_overrides import training_overrides
+from tests.helpers.slot_logits import slot_logits
 
 REPO = Path(__file__).resolve().parents[1]
 DRAFT = 40
@@ -86,7 +87,7 @@ def _brute_force_loss(module, target_head, batch, output, cfg) -> tuple[torch.Te
     """Loss and ``c*`` from the full tempered distributions: p_d on draft ids scattered to target ids (zero
     elsewhere), p_t over the target vocabulary; TV over the target vocabulary covers the uncovered mass."""
     supervised = batch.supervised_mask
-    logits = module.slot_logits(batch)[supervised]
+    logits = slot_logits(module, batch)[supervised]
     p_draft = torch.zeros(logits.shape[0], VOCAB).index_copy_(1, module.draft_vocab.target_ids(), logits.softmax(-1))
     p_target = (batch.target_hidden @ target_head.T).softmax(-1)
     labels = batch.labels[supervised]

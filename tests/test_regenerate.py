@@ -403,3 +403,21 @@ def test_output_still_works_as_the_deprecated_spelling_of_out(server, tmp_path: 
     notices = [line for line in proc.stderr.splitlines() if "--output" in line]
     assert notices == ["warning: --output is deprecated: use --out, as every deepspec verb does"], proc.stderr
     assert [row["id"] for row in read_jsonl(str(output))] == ["a"]
+
+
+def test_local_regeneration_records_its_settings_and_tokens_per_second(model_dir: str, tmp_path: Path,
+                                                                       capsys) -> None:
+    """``--backend local`` prints its answer tokens per second and appends how the answers were generated to
+    ``<out>.settings.json``, one run per invocation (a resumed run adds its own)."""
+    source = write_jsonl(tmp_path / "prompts.jsonl", PROMPT_ROWS[:2])
+    output = tmp_path / "regen.jsonl"
+    argv = ["--input", source, "--out", str(output), "--backend", "local", "--model", model_dir,
+            "--max-new-tokens", "4", "--temperature", "0", "--no-progress"]
+    assert cli.main(argv) == 0 and cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "answer tokens in" in printed and "tokens/s" in printed
+    record = json.loads(Path(f"{output}.settings.json").read_text())
+    first, resumed = record["runs"]
+    assert record["input"] == source and first["model"] == model_dir and first["backend"] == "local"
+    assert first["sampling"]["max_new_tokens"] == 4 and first["sampling"]["temperature"] == 0.0
+    assert first["answer_tokens"] > 0 and first["tokens_per_s"] > 0 and resumed["answer_tokens"] == 0

@@ -27,6 +27,7 @@ from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from tests.helpers.scaled_rope_targets import HEAD_DIM, MAX_POS, SCALINGS, scaled_config
 from tests.helpers.trained_drafters import random_batch, tiny_recipe, trained_drafter, write_training_output
+from tests.helpers.slot_logits import slot_logits
 
 
 def transformers_cos_sin(config: Qwen3Config, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,11 +97,11 @@ def test_drafter_forward_equals_one_with_transformers_rotary(name, kind):
         batch.ctx_pos = batch.ctx_pos * 7
         batch.block_anchor = batch.block_anchor * 7
     with torch.no_grad():
-        ours = drafter.slot_logits(batch)
+        ours = slot_logits(drafter, batch)
         drafter.rotary = _TransformersRotary(config)
-        reference = drafter.slot_logits(batch)
+        reference = slot_logits(drafter, batch)
         drafter.rotary = RotaryEmbedding(HEAD_DIM, 10000.0)
-        plain = drafter.slot_logits(batch)
+        plain = slot_logits(drafter, batch)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-5)
     assert (ours - plain).abs().max() > 1e-2
 
@@ -162,7 +163,7 @@ def test_scaled_target_exports_and_old_drafter_configs_load_as_plain_rope(tmp_pa
     assert loaded.module.geometry.rope_parameters["rope_type"] == "linear"
     batch = random_batch("dspark", 2)
     with torch.no_grad():
-        torch.testing.assert_close(loaded.module.slot_logits(batch), drafter.slot_logits(batch), rtol=0, atol=0)
+        torch.testing.assert_close(slot_logits(loaded.module, batch), slot_logits(drafter, batch), rtol=0, atol=0)
     # A drafter_config.json from before the field existed: plain RoPE, which no longer fits the scaled target.
     del meta["geometry"]["rope_parameters"]
     (run / "drafter_config.json").write_text(json.dumps(meta))

@@ -19,6 +19,7 @@ from tests.helpers.scaled_rope_targets import scaled_config
 from tests.helpers.trained_drafters import (
     random_batch, save_tiny_target, tiny_recipe, trained_drafter, write_training_output,
 )
+from tests.helpers.slot_logits import slot_logits
 
 
 def _target(directory, rope: str) -> str:
@@ -54,7 +55,7 @@ def test_forward_equals_parallel_drafter_with_zlab_labels(zlab_export):
     batch = random_batch("dflash", seed=4, labels="zlab")
     with torch.no_grad():
         ours = drafter.backbone(batch)
-        our_logits = drafter.slot_logits(batch)
+        our_logits = slot_logits(drafter, batch)
         for b in range(batch.num_blocks):
             seq, anchor = int(batch.block_seq[b]), int(batch.block_anchor[b])
             rows = (batch.ctx_seq == seq) & (batch.ctx_pos < anchor)

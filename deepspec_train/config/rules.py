@@ -58,10 +58,11 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
         p.append("run.output_dir is empty: name the directory the run writes to")
     if not cfg.target.path:
         p.append("target.path is empty: name the target model directory (config.json + safetensors)")
+    # Null taps are taken from the target when it is read (config.target_tokens).
     ids = cfg.target.layer_ids
-    if not ids:
+    if ids == []:
         p.append("target.layer_ids is empty: name at least one target decoder layer to tap")
-    elif min(ids) < 0 or any(b < a for a, b in zip(ids, ids[1:])):
+    elif ids and (min(ids) < 0 or any(b < a for a, b in zip(ids, ids[1:]))):
         # Sorted, as the engines order the fused features (fc's input columns) whatever order a config lists.
         p.append(f"target.layer_ids = {ids} must be decoder-layer ids >= 0 in increasing order")
     if not cfg.data.train:
@@ -77,7 +78,8 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     _at_least(p, "drafter.num_layers", d.num_layers, 1)
     _at_least(p, "drafter.block_size", d.block_size, 1)
     _at_least(p, "drafter.markov_rank", d.markov_rank, 0)
-    _at_least(p, "drafter.mask_token_id", d.mask_token_id, 0)
+    if d.mask_token_id is not None:
+        _at_least(p, "drafter.mask_token_id", d.mask_token_id, 0)
     _at_least(p, "drafter.ttt_steps", d.ttt_steps, 1)
     if d.intermediate_size is not None:
         _at_least(p, "drafter.intermediate_size", d.intermediate_size, 1, " (or unset: the target's MLP width)")
@@ -102,6 +104,12 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
         p.append(f"train.warmup_frac = {t.warmup_frac!r} must be in [0, 1) (a fraction of the run's steps)")
     _non_negative(p, "train.weight_decay", t.weight_decay)
     _positive(p, "train.grad_clip", t.grad_clip)
+    if not 0 <= t.adam_beta1 < 1:
+        p.append(f"train.adam_beta1 = {t.adam_beta1!r} must be in [0, 1)")
+    if not 0 <= t.adam_beta2 < 1:
+        p.append(f"train.adam_beta2 = {t.adam_beta2!r} must be in [0, 1)")
+    _positive(p, "train.adam_eps", t.adam_eps)
+    _at_least(p, "train.max_bad_steps", t.max_bad_steps, 1)
     _positive(p, "train.epochs", t.epochs)
     if t.max_steps is not None:
         _at_least(p, "train.max_steps", t.max_steps, 1, " (or unset: train.epochs decides)")

@@ -17,6 +17,9 @@ class RunConfig:
     name: str = "run"
     output_dir: str = "runs/run"
     seed: int = 0
+    # The seed of the epoch order alone (null: run.seed). Drafter groups share one (jobs.drafter_groups): the seeds
+    # of a comparison then differ in initialisation and anchors while every group trains on the same sequences.
+    data_seed: Optional[int] = None
     # Start over in an output_dir that holds another run, after moving that run aside (never deleted).
     overwrite: bool = False
 
@@ -26,8 +29,9 @@ class TargetConfig:
     path: str = ""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     trust_remote_code: bool = False
-    # 0-indexed decoder layers whose outputs are the drafter's context features (never the last layer).
-    layer_ids: list[int] = field(default_factory=lambda: [1, 9, 17, 25, 33])
+    # 0-indexed decoder layers whose outputs are the drafter's context features (never the last layer); null:
+    # the rule every family shares for the target's depth (config.target_tokens), logged and saved resolved.
+    layer_ids: Optional[list[int]] = field(default_factory=lambda: [1, 9, 17, 25, 33])
 
 
 # How rows are read (``data.row_shapes``): ``auto`` decides per source from its first rows; ``preformatted`` is
@@ -83,7 +87,7 @@ class DataConfig:
 
 # The enumerated values of the drafter settings, each defined once: the Literal is what the recipe loader checks,
 # the tuple what the code iterates. Drafter kind names are the kind registry's keys (a test checks they agree).
-DrafterKindName = Literal["dspark", "dflash", "eagle3"]
+DrafterKindName = Literal["dspark", "dflash", "eagle3", "dflash2"]
 MarkovHeadType = Literal["vanilla", "gated", "rnn"]
 MARKOV_HEAD_TYPES: tuple[str, ...] = get_args(MarkovHeadType)
 # The plain low-rank bias: the default form, and the only one vLLM builds.
@@ -118,7 +122,9 @@ class DrafterConfig:
     # Which label convention the drafter is trained with: "dspark" (slot k predicts x_{a+k+1}) or "zlab"
     # (DFlash's own: slot j >= 1 predicts x_{a+j}; only for a DFlash exported in the z-lab layout).
     labels: LabelConvention = DSPARK_LABELS
-    mask_token_id: int = 151669
+    # null: the target's own, its family record's or else an unused special token of its tokenizer
+    # (config.target_tokens), logged and saved resolved.
+    mask_token_id: Optional[int] = 151669
     # None: take the target's MLP width.
     intermediate_size: Optional[int] = None
     # EAGLE-3 only.
@@ -135,6 +141,17 @@ class DrafterConfig:
     # context recipes turn it on; numbers in docs/benchmarks.md). Not part of the run identity: a run may resume
     # with it switched.
     activation_checkpointing: bool = False
+    # torch.compile each drafter block (backbone layer, EAGLE-3 decoder layer). None: on with CUDA, off on CPU.
+    # Not part of the run identity: the same weights train either way.
+    compile: Optional[bool] = None
+    # DFlash2 only (0 elsewhere): taps and channels per group of the dynamic depthwise convolutions around each
+    # attention and MLP sublayer (``models.dflash2_drafter``); the rank and the top-K candidates per slot of the
+    # pairwise candidate selector; the weight of the selector's K-way CE in the loss (``losses.selector_loss``).
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    selector_loss_weight: float = 0.0
 
 
 @dataclass
@@ -177,6 +194,12 @@ class TrainConfig:
     lr: float = 6e-4
     warmup_frac: float = 0.04
     weight_decay: float = 0.0
+    # AdamW's first-moment decay.
+    adam_beta1: float = 0.9
+    # AdamW's second-moment decay.
+    adam_beta2: float = 0.95
+    # AdamW's denominator epsilon.
+    adam_eps: float = 1e-8
     grad_clip: float = 1.0
     epochs: float = 10.0
     # When set, overrides `epochs`.
@@ -196,6 +219,11 @@ class TrainConfig:
     mixed_precision: Literal["no", "bf16"] = "bf16"
     distributed: Literal["ddp", "deepspeed"] = "ddp"
     deepspeed_config: str = "launch/deepspeed/zero2.json"
+    # A step whose loss or gradient norm is NaN or inf on any drafter rank is skipped by every rank; after this
+    # many skipped in a row the run stops with one line (exit status 2), its last checkpoint kept.
+    max_bad_steps: int = 10
+    # Write a torch profiler trace of a few early steps per drafter rank to <output_dir>/profile/.
+    profile: bool = False
 
 
 @dataclass

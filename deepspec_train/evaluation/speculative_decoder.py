@@ -28,6 +28,7 @@ import torch
 from transformers import AutoTokenizer, DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from deepspec_train.data.chat_templates import chat_tokenizer
+from deepspec_train.families.own_tokens import chat_turn_end
 from deepspec_train.models.block_drafting import BlockDrafter, DraftBlock, DraftContext, calibrated_confidences
 from deepspec_train.evaluation.spec_sampling import (
     VerifyResult,
@@ -99,16 +100,19 @@ class TurnResult:
 
 
 def stop_token_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """End-of-turn ids: the generation config's eos, the tokenizer's eos and ``<|im_end|>`` when it exists."""
+    """End-of-turn ids: the generation config's eos, the tokenizer's eos, ``<|im_end|>`` when it exists and the
+    turn end the chat template writes."""
     ids: set[int] = set()
     configured = model.generation_config.eos_token_id
     if configured is not None:
         ids.update([configured] if isinstance(configured, int) else configured)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
-    turn_end = tokenizer.convert_tokens_to_ids(TURN_END_TOKEN)
-    if isinstance(turn_end, int) and turn_end != tokenizer.unk_token_id:
-        ids.add(turn_end)
+    # ChatML's turn end, and the one the target's own chat template writes (``families.own_tokens``).
+    for token in {TURN_END_TOKEN, chat_turn_end(tokenizer)} - {None}:
+        turn_end = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(turn_end, int) and turn_end != tokenizer.unk_token_id:
+            ids.add(turn_end)
     if not ids:
         raise ValueError("the target has no end-of-sequence token; cannot tell where an answer ends")
     return ids

@@ -1,5 +1,5 @@
-"""The target families the project knows by name, one ``TargetFamily`` record each, and the lookup by a target
-config's ``architectures``.
+"""The target families the project knows by name, one ``TargetFamily`` record each, and the lookup of a target's
+family by what identifies it (its architecture, and config values and tokens where other model lines share it).
 
 Engine facts (``EngineSupport``) were read in vLLM 0.33.0 and SGLang 0.5.23 as published on PyPI:
 
@@ -21,8 +21,8 @@ Kimi-K2's in its ``tokenization_kimi.py`` named tokens (163589 is one of the res
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Collection, Mapping
+from typing import Any, Optional
 
 from deepspec_train.families.records import (
     ALL_CAPTURES, EAGLE3_CAPTURE, EngineSupport, TargetFamily, plus_one, plus_one_unless_last_boundary,
@@ -75,6 +75,10 @@ LLAMA3 = TargetFamily(
     turn_end="<|eot_id|>",
     chat_format="<|begin_of_text|><|start_header_id|>role<|end_header_id|>\\n\\n ... <|eot_id|>",
     engines={"vllm": VLLM_ALL, "sglang": _sglang_all(where="llama.py")},
+    # LlamaForCausalLM is also SmolLM2, TinyLlama, ...: only Llama 3's 128,256-row vocabulary (and, with a
+    # tokenizer at hand, its header and turn tokens) makes a target Llama 3.
+    config_facts={"vocab_size": 128256},
+    identifying_tokens=("<|begin_of_text|>", "<|start_header_id|>", "<|eot_id|>"),
 )
 
 GEMMA3 = TargetFamily(
@@ -128,7 +132,9 @@ DEEPSEEK_V3 = TargetFamily(
 )
 
 FAMILIES: tuple[TargetFamily, ...] = (QWEN3, QWEN3_MOE, QWEN2, LLAMA3, GEMMA3, GPT_OSS, DEEPSEEK_V3)
-_BY_ARCHITECTURE = {arch: family for family in FAMILIES for arch in family.architectures}
+# The serving engines' facts belong to the target's model class, which a family shares with any other model line
+# of its architecture (vLLM and SGLang serve SmolLM2 with the LlamaForCausalLM class they serve Llama 3 with).
+_ENGINES_BY_ARCHITECTURE = {arch: family.engines for family in FAMILIES for arch in family.architectures}
 
 
 def architecture_of(target_config: Mapping[str, Any]) -> str:
@@ -137,7 +143,13 @@ def architecture_of(target_config: Mapping[str, Any]) -> str:
     return str(archs[0])
 
 
-def family_of(target_config: Mapping[str, Any]) -> TargetFamily | None:
-    """The family of the target whose config.json is ``target_config``; None for an architecture not known
-    by name (such a target still trains with explicit ``target.layer_ids``)."""
-    return _BY_ARCHITECTURE.get(architecture_of(target_config))
+def family_of(target_config: Mapping[str, Any], vocabulary: Optional[Collection[str]] = None) -> TargetFamily | None:
+    """The family of the target whose config.json is ``target_config`` (and whose tokenizer holds ``vocabulary``,
+    when given), matched by what identifies it (``TargetFamily.identifies``), never by class name alone; None for
+    a target no record identifies (it trains with the rules of ``families.own_tokens`` or explicit settings)."""
+    return next((family for family in FAMILIES if family.identifies(target_config, vocabulary)), None)
+
+
+def engines_of(target_config: Mapping[str, Any]) -> Mapping[str, EngineSupport] | None:
+    """What each serving engine captures for the target's model class (None for a class no record covers)."""
+    return _ENGINES_BY_ARCHITECTURE.get(architecture_of(target_config))

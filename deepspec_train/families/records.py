@@ -11,9 +11,9 @@ config rules, target loading, models and export can all read it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 # How an engine gets a drafter its target features: the block drafters' capture (vLLM's aux hidden states, SGLang's
 # ``set_dflash_layers_to_capture``) or EAGLE-3's (``set_eagle3_layers_to_capture``). Each serving layout record
@@ -129,7 +129,9 @@ class TargetFamily:
     """One family of targets; see the module docstring. ``mask_token_id``: the id DSpark / DFlash blocks are
     filled with (a reserved or unused row of the family's embedding); ``turn_end``: the token that ends an
     assistant turn; ``chat_format``: the chat template's shape, in words; ``tp_split``: the config fields
-    transformers' TP plan splits (each must divide by ``target_tp``)."""
+    transformers' TP plan splits (each must divide by ``target_tp``); ``config_facts``: config.json values every
+    target of the family has, for an architecture other model lines share (SmolLM2 and TinyLlama are
+    ``LlamaForCausalLM`` too); ``identifying_tokens``: tokens its tokenizer holds, checked when one is at hand."""
 
     name: str
     architectures: tuple[str, ...]
@@ -141,6 +143,18 @@ class TargetFamily:
     embedding_scale: Callable[[Mapping[str, Any]], float] = no_embedding_scale
     tp_split: Callable[[Mapping[str, Any], str], list[str]] = heads_and_widths_split
     notes: tuple[str, ...] = field(default_factory=tuple)
+    config_facts: Mapping[str, Any] = field(default_factory=dict)
+    identifying_tokens: tuple[str, ...] = ()
+
+    def identifies(self, target_config: Mapping[str, Any], vocabulary: Optional[Collection[str]] = None) -> bool:
+        """Whether a target is of this family: its architecture is one of the family's, its config has every
+        ``config_facts`` value and, when its tokenizer's ``vocabulary`` is given, it holds the identifying tokens."""
+        archs = target_config.get("architectures") or [""]
+        if str(archs[0]) not in self.architectures:
+            return False
+        if any(target_config.get(key) != value for key, value in self.config_facts.items()):
+            return False
+        return vocabulary is None or all(token in vocabulary for token in self.identifying_tokens)
 
     def layer_ids(self, num_layers: int, eagle3: bool = False) -> list[int]:
         """The taps a recipe for a target of ``num_layers`` decoder layers uses (the rule shared by every family)."""

@@ -8,7 +8,8 @@
   (``chunk_builder``), made the same way by a colocated rank for itself and by a target worker for each drafter
   it feeds, so both modes see the same batches;
 - the end of every job: ``train_and_finish`` (metrics sink -> trainer -> fit -> trained-drafter files ->
-  summary), run by the colocated ranks and by the drafter workers alike.
+  summary), run by the colocated ranks and by the drafter workers alike; ``start_job`` is its set-up alone, for
+  a run that steps several trainers in turn (``jobs.grouped_colocated``).
 
 Order matters for failing fast: the output directory and resolved config come first (``jobs.run``), then data
 (tokenised and cached), then the target and the drafter, then the loop.
@@ -19,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -33,7 +35,8 @@ from deepspec_train.data.token_shards import ConversationRenderer, build_token_d
 from deepspec_train.data.usable_rows import require_usable_rows
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.console import get_logger
-from deepspec_train.metrics.sinks import make_sink
+from deepspec_train.metrics.sinks import MetricsSink, make_sink
+from deepspec_train.models.block_compile import compile_blocks
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.plans import packing_order
 from deepspec_train.steps.chunk_builder import ChunkBuilder
@@ -128,7 +131,8 @@ def chunk_builder(cfg: RecipeConfig, tap: TargetTap, device: torch.device) -> Ch
 
 def train_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:
     """The training steps of drafter ``rank`` of ``world_size``: its strided share of every step."""
-    return StepPlan(rows, cfg.train.global_batch_sequences, cfg.run.seed, packing_spec(cfg), rank, world_size)
+    return StepPlan(rows, cfg.train.global_batch_sequences, cfg.run.seed, packing_spec(cfg), rank, world_size,
+                    order_seed=cfg.run.data_seed)
 
 
 def validation_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:
@@ -146,7 +150,34 @@ def validation_pass(plan: StepPlan, builder: ChunkBuilder) -> Callable[[], list[
     return lambda: builder.build_all(plan.chunks(0))
 
 
-def train_and_finish(
+@dataclass
+class TrainingJob:
+    """One drafter's training, set up and not yet run: its trainer, the checkpoint it resumes from (None: a fresh
+    run), its metrics sink and where its files go."""
+
+    cfg: RecipeConfig
+    ctx: DistContext
+    trainer: DrafterTrainer
+    resume_from: Optional[Path]
+    sink: MetricsSink
+    out_dir: Path
+
+    def finish(self, summary: TrainSummary) -> TrainSummary:
+        """Write the trained drafter and the summary (main rank) and close the metrics sink."""
+        cfg = self.cfg
+        if self.ctx.is_main:
+            write_trained_drafter(self.trainer.model, cfg, self.out_dir / "drafter",
+                                  target_fingerprint(cfg.target.path).to_dict())
+            (self.out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
+            log.info(
+                "done: %d steps in %.0f s, final loss %.4f, val E[L] %s", summary.steps, summary.seconds,
+                summary.final_loss, f"{summary.val_metrics.get('val/expected_len', float('nan')):.3f}",
+            )
+        self.sink.finish()
+        return summary
+
+
+def start_job(
     cfg: RecipeConfig,
     ctx: DistContext,
     drafter: nn.Module,
@@ -155,9 +186,9 @@ def train_and_finish(
     validation,
     total_steps: int,
     out_dir: Path,
-) -> TrainSummary:
-    """Train ``drafter`` on ``source`` (``validation``: a callable giving this rank's validation batches, or None),
-    then write the trained drafter and the summary (main rank) and close the metrics sink.
+) -> TrainingJob:
+    """The training of ``drafter`` on ``source`` (``validation``: a callable giving this rank's validation batches,
+    or None), ready to run.
 
     A resumed run continues from the checkpoint ``train.resume`` resolves to; the records it is about to log again
     (steps after that checkpoint, e.g. after a fall-back past a damaged newest one) are moved out of
@@ -170,18 +201,28 @@ def train_and_finish(
         n_train = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
         log.info("drafter %s: %.2fM trainable parameters; %d steps", cfg.drafter.kind, n_train / 1e6, total_steps)
     loss = DrafterLoss.for_recipe(cfg, target_head_weight, resolve_attention(ctx))
+    if compile_blocks(drafter, cfg.drafter.compile, ctx.device) and ctx.is_main:
+        log.info("drafter.compile: drafter blocks compiled with torch.compile")
     trainer = DrafterTrainer(cfg, drafter, loss, source, validation, sink, ctx, total_steps)
+    return TrainingJob(cfg, ctx, trainer, resume_from, sink, out_dir)
+
+
+def train_and_finish(
+    cfg: RecipeConfig,
+    ctx: DistContext,
+    drafter: nn.Module,
+    target_head_weight: torch.Tensor,
+    source: FeatureSource,
+    validation,
+    total_steps: int,
+    out_dir: Path,
+) -> TrainSummary:
+    """Train ``drafter`` (``start_job``), then write the trained drafter and the summary (main rank) and close the
+    metrics sink."""
+    job = start_job(cfg, ctx, drafter, target_head_weight, source, validation, total_steps, out_dir)
     try:
-        summary = trainer.fit(resume_from)
+        summary = job.trainer.fit(job.resume_from)
     except Preempted:
-        sink.finish()
+        job.sink.finish()
         raise
-    if ctx.is_main:
-        write_trained_drafter(drafter, cfg, out_dir / "drafter", target_fingerprint(cfg.target.path).to_dict())
-        (out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
-        log.info(
-            "done: %d steps in %.0f s, final loss %.4f, val E[L] %s", summary.steps, summary.seconds,
-            summary.final_loss, f"{summary.val_metrics.get('val/expected_len', float('nan')):.3f}",
-        )
-    sink.finish()
-    return summary
+    return job.finish(summary)

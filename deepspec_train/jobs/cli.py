@@ -19,6 +19,7 @@ from deepspec_train.package_version import package_version
 VERBS: dict[str, tuple[str, str]] = {
     "tinyworld": ("deepspec_train.tinyworld.cli", "build the tiny world: corpus, tokenizer, target, conversations"),
     "regenerate": ("deepspec_train.regenerate.cli", "rewrite a prompt set's answers with the target"),
+    "realworld": ("deepspec_train.realworld.cli", "a real target from a GGUF file (SmolLM2), and its prompt sets"),
     "train": ("deepspec_train.jobs.train_cli", "train a drafter from a recipe (same as train.py)"),
     "calibrate": ("deepspec_train.calibration.cli", "fit per-position confidence temperatures from eval traces"),
     "export": ("deepspec_train.export.cli", "write a drafter as safetensors + config.json for serving engines"),

@@ -6,6 +6,9 @@ value fails in well under a second with a one-line message, before any data is t
 Bad input found later (a data file, a checkpoint to resume) is reported the same way: ``error: <one line>`` on
 stderr and exit status 2 (``deepspec_train.errors``).
 
+``compare=`` / ``seeds=`` make a run of drafter groups (``jobs.drafter_groups``): every group is validated the same
+way before anything loads.
+
 ``--dry-run`` stops after that validation and prints the resolved config (YAML) instead of training: the same
 checks run, torch is never imported, and no folder is left behind (the output folders are proven writable
 where they would be created). ``--help`` prints the usage, the recipes found and where recipe keys are
@@ -21,6 +24,10 @@ from deepspec_train.config.loader import ConfigError, available_recipes, recipe_
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.errors import exit_on_user_error
+from deepspec_train.jobs.drafter_groups import (
+    dry_run_text, is_group_command_line, launch_and_output_problems, load_groups, parse_group_command_line,
+    prepare_directories,
+)
 from deepspec_train.jobs.run_directory import output_dir_problems
 from deepspec_train.output_paths import check_output_dir, ensure_output_dir
 
@@ -60,6 +67,9 @@ overrides (e.g. train.lr=3e-4 drafter.num_layers=3). Every value is checked befo
   --dry-run   check the recipe and overrides as a run does, print the resolved config (YAML), train nothing
   -h, --help  print this help
 
+Drafter groups, several drafters over one target pass (docs/training.md, "Drafter groups"):
+  train.py recipe=NAME compare=[NAME,...] seeds=N [dotted.key=value ...] [NAME:dotted.key=value ...]
+
 recipes (`deepspec recipes list` describes each):
 {names}
 looked up, in this order, in:{where}
@@ -77,6 +87,8 @@ def _train_from_command_line(argv: list[str]) -> int:
         print(help_text())
         return 0
     dry_run = DRY_RUN in argv
+    if is_group_command_line(argv):
+        return _train_groups(argv, dry_run)
     recipe, overrides = parse_command_line([arg for arg in argv if arg != DRY_RUN])
     cfg = load_recipe(recipe, overrides)
     # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
@@ -97,5 +109,26 @@ def _train_from_command_line(argv: list[str]) -> int:
         run_training(cfg)
     except Preempted:
         # Logged once by the rank that wrote the checkpoint (``training.preemption``).
+        return PREEMPTED_EXIT_CODE
+    return 0
+
+
+def _train_groups(argv: list[str], dry_run: bool) -> int:
+    """A run of drafter groups (``compare=`` / ``seeds=``, ``jobs.drafter_groups``): every group validated, its
+    directory checked and prepared, then one colocated job trains them all."""
+    groups = load_groups(parse_group_command_line([arg for arg in argv if arg != DRY_RUN]))
+    problems = launch_and_output_problems(groups)
+    if problems:
+        raise ConfigError(problems[0])
+    prepare_directories(groups, dry_run)
+    if dry_run:
+        print(dry_run_text(groups), end="")
+        return 0
+    from deepspec_train.jobs.grouped_colocated import run_drafter_groups
+    from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted
+
+    try:
+        run_drafter_groups(groups)
+    except Preempted:
         return PREEMPTED_EXIT_CODE
     return 0

@@ -38,11 +38,11 @@ IDENTITY_FILE = "run_identity.json"
 # Dotted recipe keys whose values make a different model or different training data.
 IDENTITY_KEYS = (
     "drafter", "target.path", "target.layer_ids", "data.train", "data.validation", "data.max_length", "data.split",
-    "data.enable_thinking", "data.supervise_reasoning", "anchors", "run.seed", "train.global_batch_sequences",
-    "train.micro_batch_sequences", "loss.distance", "loss.normalizer",
+    "data.enable_thinking", "data.supervise_reasoning", "anchors", "run.seed", "run.data_seed",
+    "train.global_batch_sequences", "train.micro_batch_sequences", "loss.distance", "loss.normalizer",
 )
 # Identity keys that change only how the same training is computed (memory against time), not its result.
-IDENTITY_EXEMPT = ("drafter.activation_checkpointing",)
+IDENTITY_EXEMPT = ("drafter.activation_checkpointing", "drafter.compile")
 # What a directory holds once a run has trained in it (checkpoints are checked separately).
 RUN_MARKERS = ("metrics.jsonl", "summary.json", "drafter")
 

@@ -13,9 +13,11 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.families.records import eagle3_layer_ids
 from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT, NUM_FUSED_LAYERS
 from deepspec_train.kinds.spec import (
-    CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
+    CONFIDENCE_SETTINGS, DFLASH2_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops,
+    unused_settings,
 )
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.serving_kernels import eagle3_round
@@ -34,7 +36,7 @@ NAME = "eagle3"
 def _problems(cfg: RecipeConfig) -> list[str]:
     d = cfg.drafter
     defaults = {f.name: f.default for f in fields(DrafterConfig)}
-    problems = unused_settings(d, MARKOV_SETTINGS + CONFIDENCE_SETTINGS)
+    problems = unused_settings(d, MARKOV_SETTINGS + CONFIDENCE_SETTINGS + DFLASH2_SETTINGS)
     if d.num_layers != 1:
         problems.append(f"drafter.kind={NAME} has one decoder layer: drafter.num_layers must be 1, got {d.num_layers}")
     if d.ttt_steps != d.block_size:
@@ -53,7 +55,7 @@ def _problems(cfg: RecipeConfig) -> list[str]:
         problems.append(f"drafter.labels={d.labels} is DFlash's own convention: only with drafter.kind=dflash")
     if d.draft_vocab_size is not None and d.draft_vocab_size < 1:
         problems.append(f"drafter.draft_vocab_size = {d.draft_vocab_size} must be >= 1 (or unset: full vocabulary)")
-    if len(cfg.target.layer_ids) != NUM_FUSED_LAYERS:
+    if cfg.target.layer_ids is not None and len(cfg.target.layer_ids) != NUM_FUSED_LAYERS:
         problems.append(
             f"drafter.kind={NAME} fuses exactly {NUM_FUSED_LAYERS} target layers: target.layer_ids has "
             f"{len(cfg.target.layer_ids)} ({cfg.target.layer_ids})"
@@ -162,4 +164,5 @@ EAGLE3 = DrafterKind(
     serving_round=eagle3_round,
     layouts=_layouts,
     holds_export=_holds_export,
+    default_taps=eagle3_layer_ids,
 )

@@ -233,11 +233,11 @@ def _sglang_points(config: Mapping[str, Any], target: TargetFacts, reading: Engi
             f"no eagle_config.eagle_aux_hidden_state_layer_ids (the only field SGLang reads): it captures its "
             f"default hidden states {points}")
         return points
-    if target.family is None:
+    if target.engines is None:
         reading.problems.append(f"SGLang's EAGLE-3 capture rule for a {target.architecture} target is not stated here")
         return None
     # SGLang's set_eagle3_layers_to_capture differs by target class (+1, +1 when the first id is 1, ...).
-    return target.family.engines["sglang"].eagle3_points(ids, target.num_layers)
+    return target.engines["sglang"].eagle3_points(ids, target.num_layers)
 
 
 def _sglang(config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,

@@ -25,8 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from deepspec_train.families.catalog import family_of
-from deepspec_train.families.records import TargetFamily
+from deepspec_train.families.catalog import engines_of, family_of
+from deepspec_train.families.records import EngineSupport, TargetFamily
 
 ENGINES = ("vllm", "sglang")
 # vLLM's draft sampling that matches the project's evaluator (its default, "greedy", does not).
@@ -53,14 +53,16 @@ class EngineReading:
 @dataclass(frozen=True)
 class TargetFacts:
     """What the engines' readers need of the target's config.json: its depth, vocabulary, architecture, the
-    record of its family (None for an architecture no family record covers) and the factor its model multiplies the
-    stored embedding rows by (Gemma's ``sqrt(hidden_size)``)."""
+    record of its family (None for a target no family record identifies), the factor its model multiplies the
+    stored embedding rows by (Gemma's ``sqrt(hidden_size)``) and what each engine's class of its architecture
+    captures (None for an architecture no record covers: SmolLM2 has no family record but Llama's class)."""
 
     num_layers: int
     vocab_size: int
     architecture: str
     family: Optional[TargetFamily] = None
     embedding_scale: float = 1.0
+    engines: Optional[Mapping[str, EngineSupport]] = None
 
 
 def target_facts(target_config: Mapping[str, Any]) -> TargetFacts:
@@ -69,16 +71,16 @@ def target_facts(target_config: Mapping[str, Any]) -> TargetFacts:
     family = family_of(target_config)
     scale = 1.0 if family is None else float(family.embedding_scale(target_config))
     return TargetFacts(int(target_config["num_hidden_layers"]), int(target_config["vocab_size"]), str(archs[0]),
-                       family, scale)
+                       family, scale, engines_of(target_config))
 
 
 def architecture_unserved(engine: str, capture: str, target: TargetFacts) -> Optional[str]:
     """Why ``engine`` serves no drafter that needs ``capture`` for this target at all (None when it does): its
-    family's record says so, or no family record covers the architecture (the rule is then not known here)."""
-    if target.family is None:
+    architecture's record says so, or no family record covers the architecture (the rule is then not known here)."""
+    if target.engines is None:
         return (f"its capture rule for a {target.architecture} target is not known here (no target family record): "
                 "check the engine's model class before serving")
-    return target.family.engines[engine].unserved(capture)
+    return target.engines[engine].unserved(capture)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from deepspec_train.kinds.dflash2_layout import DFLASH2_LAYOUT
 from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
 from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
@@ -26,7 +27,8 @@ from deepspec_train.kinds.speculators_dspark_layout import SPECULATORS_DSPARK_LA
 from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
 
 LAYOUTS: dict[str, ServingLayout] = {
-    spec.name: spec for spec in (DSPARK_LAYOUT, SPECULATORS_DSPARK_LAYOUT, ZLAB_DFLASH_LAYOUT, EAGLE3_LAYOUT)
+    spec.name: spec
+    for spec in (DSPARK_LAYOUT, SPECULATORS_DSPARK_LAYOUT, ZLAB_DFLASH_LAYOUT, EAGLE3_LAYOUT, DFLASH2_LAYOUT)
 }
 FLOAT = "floating point"
 

@@ -8,6 +8,7 @@ exports in z-lab's own layout. Their loss weights slot ``k`` (0-based) by ``exp(
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Optional
 
@@ -15,7 +16,8 @@ from deepspec_train.config.schema import DSPARK_LABELS, ZLAB_LABELS, DrafterConf
 from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
 from deepspec_train.kinds.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
 from deepspec_train.kinds.spec import (
-    CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops, unused_settings,
+    CONFIDENCE_SETTINGS, DFLASH2_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops,
+    unused_settings,
 )
 from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
 from deepspec_train.models.geometry import DrafterGeometry
@@ -29,8 +31,8 @@ if TYPE_CHECKING:
     from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
 
-# Settings of DrafterConfig that only EAGLE-3 reads: a parallel drafter must leave them at their defaults.
-_EAGLE3_ONLY = ("ttt_steps", "ttt_decay")
+# Settings of DrafterConfig that only EAGLE-3 (or DFlash2) reads: DSpark / DFlash leave them at their defaults.
+_EAGLE3_ONLY = ("ttt_steps", "ttt_decay") + DFLASH2_SETTINGS
 # A reduced draft vocabulary: DSpark's (as vLLM serves it) and EAGLE-3's, not DFlash's.
 _DRAFT_VOCAB = ("draft_vocab_size",)
 
@@ -103,11 +105,18 @@ def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor, draft_vocab: Optio
 
 
 def _slot_weights(module: nn.Module, cfg: RecipeConfig) -> torch.Tensor:
+    return _block_decay_weights(cfg.drafter.block_size, cfg.loss.gamma_decay)
+
+
+@functools.lru_cache(maxsize=16)
+def _block_decay_weights(block_size: int, gamma_decay: float) -> torch.Tensor:
+    """The slot weights of one block, computed (and their indices checked) once per run, not per micro-batch.
+    Callers index or move the cached CPU tensor, never write into it."""
     import torch
 
     from deepspec_train.losses.position_weights import decay_weights
 
-    return decay_weights(torch.arange(cfg.drafter.block_size), cfg.loss.gamma_decay)
+    return decay_weights(torch.arange(block_size), gamma_decay)
 
 
 def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:

@@ -4,11 +4,12 @@ a question whose answer depends on the kind (see ``kinds.spec``). A new kind is 
 from __future__ import annotations
 
 from deepspec_train.config.schema import DrafterConfig
+from deepspec_train.kinds.dflash2 import DFLASH2
 from deepspec_train.kinds.eagle3 import EAGLE3
 from deepspec_train.kinds.parallel import DFLASH, DSPARK
 from deepspec_train.kinds.spec import DrafterKind
 
-KINDS: dict[str, DrafterKind] = {spec.name: spec for spec in (DSPARK, DFLASH, EAGLE3)}
+KINDS: dict[str, DrafterKind] = {spec.name: spec for spec in (DSPARK, DFLASH, EAGLE3, DFLASH2)}
 
 
 def kind_spec(name: str) -> DrafterKind:

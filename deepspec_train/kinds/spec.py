@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
+from deepspec_train.families.records import dspark_layer_ids
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:
@@ -29,7 +30,17 @@ if TYPE_CHECKING:
     from deepspec_train.models.block_drafting import BlockDrafter
     from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
+    from deepspec_train.packing.batch import PackedBatch
     from deepspec_train.serving_kernels import RoundShape, ServingRound
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    """Which other kinds' drafters a kind starts from, and ``keeps_init(name)``: whether a tensor of the kind's
+    module that such a drafter lacks keeps its init (any other missing tensor is an error)."""
+
+    kinds: tuple[str, ...]
+    keeps_init: Callable[[str], bool]
 
 
 @dataclass
@@ -66,8 +77,14 @@ class DrafterKind:
     - ``serving_round(drafter_cfg, geometry, taps, shape)``: one serving round's sequential kernel groups, their
       bytes and FLOPs (``serving_kernels``), for a drafter reading ``taps`` target layers.
     - ``layouts(labels)``: the serving layouts a drafter trained with ``labels`` exports to, default first.
+    - ``default_taps(num_layers)``: the taps of a recipe that leaves ``target.layer_ids`` null (the families' rule).
     - ``holds_export(drafter_cfg)``: whether the drafter settings read back from an export in one of this kind's
       ``layouts`` are this kind's (a DSpark and a rank-0 DFlash share the DSpark layout).
+    - ``extra_loss(module, output, batch, cfg, normalizer)``: a loss term the kind adds to the selected-logit loss
+      (DFlash2's selector CE), normalised like it; None for a kind without one.
+    - ``warm_start``: the other kinds whose trained drafters this kind may start from (``drafter.init_from``) and
+      which of its tensors such a start leaves at their init (DFlash2 from DFlash: the convolutions and the
+      selector); None: only drafters of this kind.
     """
 
     name: str
@@ -88,6 +105,10 @@ class DrafterKind:
     serving_round: "Callable[[DrafterConfig, DrafterGeometry, int, RoundShape], ServingRound]"
     layouts: Callable[[str], tuple[str, ...]]
     holds_export: Callable[[DrafterConfig], bool]
+    # The target layers a recipe that leaves ``target.layer_ids`` null taps, for a target of L decoder layers.
+    default_taps: Callable[[int], list[int]] = dspark_layer_ids
+    extra_loss: "Optional[Callable[[nn.Module, DrafterOutput, PackedBatch, RecipeConfig, Any], torch.Tensor]]" = None
+    warm_start: Optional["WarmStart"] = None
 
     def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""
@@ -107,6 +128,8 @@ class DrafterKind:
 # kind with that head reads them (``recipe_problems`` refuses them off their defaults elsewhere).
 MARKOV_SETTINGS = ("markov_head_type", "markov_init")
 CONFIDENCE_SETTINGS = ("confidence_gradient",)
+# The settings of DFlash2's convolutions and selector: every other kind leaves them at 0.
+DFLASH2_SETTINGS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "selector_loss_weight")
 
 
 def unused_settings(cfg: DrafterConfig, names: tuple[str, ...]) -> list[str]:

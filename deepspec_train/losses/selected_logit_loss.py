@@ -55,6 +55,7 @@ import torch
 import torch.nn.functional as F
 
 from deepspec_train.config.schema import LossConfig
+from deepspec_train.losses.device_checks import require
 
 _DIFFERENTIABLE = ("draft_hidden", "draft_head_weight", "markov_rows", "markov_w2", "conf_logits")
 # The fields of ``SupervisedRows`` with one entry per row: the ones a chunk of rows slices.
@@ -136,9 +137,9 @@ class LossOutput:
     conf_sum: torch.Tensor
     c_star: torch.Tensor
     draft_correct: torch.Tensor
-    target_correct: torch.Tensor
     conf_prob: torch.Tensor | None
-    num_label_outside_draft_vocab: int
+    # A 0-dim integer tensor on the inputs' device (reading it is the caller's choice: it costs a host sync).
+    num_label_outside_draft_vocab: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -225,9 +226,13 @@ def _row_normalizer(
         if normalizer.shape != (num_rows,):
             raise ValueError(f"a per-row normalizer must be [{num_rows}], got {tuple(normalizer.shape)}")
         # Checked on the given tensor (the per-sequence normaliser builds it on the host from positive sums).
-        if num_rows and not bool((normalizer > 0).all()):
-            raise ValueError("every row's normalizer must be positive")
+        if num_rows:
+            require((normalizer > 0).all(), "every row's normalizer must be positive")
         return normalizer.detach().to(device=device, dtype=dtype)
+    if isinstance(normalizer, torch.Tensor):
+        # A step's token count reduced over the ranks on the device: checked there, broadcast without a read.
+        require(normalizer > 0, "normalizer must be positive")
+        return normalizer.detach().to(device=device, dtype=dtype).expand(num_rows)
     if float(normalizer) <= 0:
         raise ValueError(f"normalizer must be positive, got {float(normalizer)}")
     return torch.full((num_rows,), float(normalizer), dtype=dtype, device=device)
@@ -258,7 +263,7 @@ def _run_chunks(
         return torch.zeros(num_rows, dtype=dtype, device=device)
 
     ce, tv, bce, c_star = per_row(), per_row(), per_row(), per_row()
-    draft_correct, target_correct = per_row(torch.bool), per_row(torch.bool)
+    draft_correct = per_row(torch.bool)
     conf_prob = None if rows.conf_logits is None else per_row()
 
     for start in range(0, num_rows, chunk_size):
@@ -269,7 +274,7 @@ def _run_chunks(
             need_logit_grad,
         )
         ce[span], tv[span], c_star[span] = chunk["ce"], chunk["tv"], chunk["c_star"]
-        draft_correct[span], target_correct[span] = chunk["draft_correct"], chunk["target_correct"]
+        draft_correct[span] = chunk["draft_correct"]
         if chunk_rows.conf_logits is not None:
             x = chunk_rows.conf_logits.to(coeffs.compute_dtype)
             bce[span] = F.binary_cross_entropy_with_logits(x, chunk["c_star"], reduction="none")
@@ -293,9 +298,8 @@ def _run_chunks(
         "conf_sum": (w64 * bce.double()).sum().to(coeffs.compute_dtype),
         "c_star": c_star,
         "draft_correct": draft_correct,
-        "target_correct": target_correct,
         "conf_prob": conf_prob,
-        "num_label_outside_draft_vocab": int((~label_in_draft).sum()),
+        "num_label_outside_draft_vocab": (~label_in_draft).sum(),
     }
 
 
@@ -308,15 +312,14 @@ def _chunk_terms(
     coeffs: _Coefficients,
     need_logit_grad: bool,
 ) -> dict[str, torch.Tensor]:
-    """Per-row CE, TV, c* and argmax hits for one chunk of rows, plus d loss / d draft logits when asked
-    (``markov_w2`` is the chunk's Markov factor already cast to the compute dtype).
+    """Per-row CE, TV, c* and the draft's argmax hits for one chunk of rows, plus d loss / d draft logits when
+    asked (``markov_w2`` is the chunk's Markov factor already cast to the compute dtype).
 
     Works in place on a handful of ``[C, V]`` fp32 buffers: those are the whole memory cost of the loss.
     """
     t = coeffs.temperature
     labels, draft_to_target = chunk.labels, chunk.draft_to_target
     target_logits = (chunk.target_hidden @ chunk.target_head_weight.T).to(coeffs.compute_dtype)
-    target_correct = target_logits.argmax(dim=-1) == labels
     p_target = torch.softmax(target_logits.div_(t), dim=-1)
     del target_logits
     covered = p_target if draft_to_target is None else p_target.index_select(1, draft_to_target)
@@ -342,8 +345,7 @@ def _chunk_terms(
     c_star = torch.minimum(p_draft, covered).sum(dim=-1)
     del covered
 
-    out = {"ce": ce, "tv": tv, "c_star": c_star, "draft_correct": draft_token == labels,
-           "target_correct": target_correct}
+    out = {"ce": ce, "tv": tv, "c_star": c_star, "draft_correct": draft_token == labels}
     if need_logit_grad:
         out["logit_grad"] = _draft_logit_grad(diff, p_draft, draft_label, label_in_draft, row_coef, coeffs)
     return out
@@ -429,7 +431,8 @@ def _labels_in_draft_vocab(
 
 
 def _check_inputs(rows: SupervisedRows) -> None:
-    """Fail early, with the offending shapes, rather than deep inside a chunk."""
+    """Fail early, with the offending shapes, rather than deep inside a chunk. Shapes are checked on the host;
+    id ranges on the tensors' device (``device_checks.require``: no host sync per call)."""
     draft_head_weight, target_hidden, target_head_weight = (
         rows.draft_head_weight, rows.target_hidden, rows.target_head_weight
     )
@@ -461,7 +464,7 @@ def _check_inputs(rows: SupervisedRows) -> None:
         expect(draft_to_target.shape == (vd,), f"draft_to_target must be [{vd}]")
         expect(draft_to_target.dtype == torch.long, "draft_to_target must be a LongTensor")
         if vd:
-            expect(int(draft_to_target.min()) >= 0 and int(draft_to_target.max()) < v,
-                   "draft_to_target ids must be target ids")
+            require((draft_to_target.min() >= 0) & (draft_to_target.max() < v),
+                    "draft_to_target ids must be target ids")
     if n:
-        expect(int(labels.min()) >= 0 and int(labels.max()) < v, "labels must be target ids in [0, V)")
+        require((labels.min() >= 0) & (labels.max() < v), "labels must be target ids in [0, V)")

@@ -80,6 +80,14 @@ class _SummedStats:
         """
         dist.all_reduce(self._sums, op=dist.ReduceOp.SUM, group=group)
 
+    def all_reduce_with(self, extra: torch.Tensor, group: Optional[dist.ProcessGroup] = None) -> torch.Tensor:
+        """``all_reduce`` and the sum of the vector ``extra`` over the same ranks, in one collective; returns the
+        summed ``extra`` (float64)."""
+        flat = torch.cat([self._sums.reshape(-1), extra.to(device=self.device, dtype=torch.float64).reshape(-1)])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        self._sums.copy_(flat[: self._sums.numel()].view_as(self._sums))
+        return flat[self._sums.numel():]
+
     def _as_float64(self, t: torch.Tensor) -> torch.Tensor:
         return t.detach().to(device=self.device, dtype=torch.float64).reshape(-1)
 

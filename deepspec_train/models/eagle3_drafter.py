@@ -209,6 +209,11 @@ class Eagle3Drafter(nn.Module):
         """Per-slot loss weight ``ttt_decay ** k`` for ``k = 0..block_size-1``."""
         return self.ttt_decay ** torch.arange(block_size, dtype=torch.float32)
 
+    def compile_blocks(self) -> None:
+        """torch.compile the test-time-training step, the drafter's one block (``models.block_compile``); it
+        reads ``midlayer`` through its parts, so the step is compiled rather than ``midlayer.forward``."""
+        self._ttt_step = torch.compile(self._ttt_step)
+
     def forward(self, batch: PackedBatch, attention: str = "sdpa") -> DrafterOutput:
         """Final-normed hidden ``[Ns, d]`` of every supervised slot, in row-major order of ``batch.labels``."""
         supervised = batch.supervised_mask
@@ -218,11 +223,6 @@ class Eagle3Drafter(nn.Module):
         mask = supervised[:, :num_steps]
         slot_index = torch.arange(num_steps, device=mask.device).expand_as(mask)[mask]
         return DrafterOutput(hidden=self.norm(hidden[mask]), markov_rows=None, conf_logits=None, slot_index=slot_index)
-
-    @torch.no_grad()
-    def slot_logits(self, batch: PackedBatch, attention: str = "sdpa") -> torch.Tensor:
-        """Draft-vocabulary logits of every slot, ``[Nb, B, draft_vocab]`` (tests and teacher-forced evaluation)."""
-        return self.lm_head(self.norm(self.unroll(batch, batch.block_size, attention)))
 
     def unroll(self, batch: PackedBatch, num_steps: int, attention: str = "sdpa") -> torch.Tensor:
         """Run TTT steps ``0..num_steps-1`` over every block; returns pre-norm hiddens ``[Nb, num_steps, d]``."""

@@ -19,8 +19,8 @@ supervised in the training data, ``models.draft_vocab``), as vLLM serves it: the
 target's) and the Markov factor ``W2`` then have ``N`` rows, the draft logits live on draft ids, and ``d2t`` /
 ``t2d`` buffers map them to target ids. The Markov input ``W1`` and the token embedding keep the full vocabulary
 (they read target ids: the anchor and the tokens sampled before). ``forward`` returns slot states
-only at supervised slots; full-vocabulary logits are left to the chunked loss (``slot_logits`` computes them for
-inference and tests).
+only at supervised slots; full-vocabulary logits are left to the chunked loss, and decoding computes the logits of
+the slot it samples (``models.block_drafting``).
 """
 
 from __future__ import annotations
@@ -319,6 +319,11 @@ class ParallelDrafter(nn.Module):
         queries = slot_pos.shape[1]
         return _Rotary(key_cos[:, -queries:], key_sin[:, -queries:], key_cos, key_sin)
 
+    def compile_blocks(self) -> None:
+        """torch.compile each backbone layer in place (``models.block_compile``)."""
+        for layer in self.layers:
+            layer.compile()
+
     def backbone(
         self, batch: PackedBatch, attention: AttentionBackend = "sdpa", compiled: bool = False
     ) -> torch.Tensor:
@@ -429,18 +434,3 @@ class ParallelDrafter(nn.Module):
         conf = self.confidence_logits(hidden, rows) if self.confidence_head is not None else None
         slot_index = torch.arange(batch.block_size, device=supervised.device).expand_as(supervised)[supervised]
         return DrafterOutput(hidden=hidden, markov_rows=latents, conf_logits=conf, slot_index=slot_index)
-
-    def slot_logits(
-        self,
-        batch: PackedBatch,
-        prev_tokens: Optional[torch.Tensor] = None,
-        attention: AttentionBackend = "sdpa",
-    ) -> torch.Tensor:
-        """Full draft logits ``[Nb, B, V]`` (``[Nb, B, N]`` on draft ids over a reduced draft vocabulary);
-        ``prev_tokens [Nb, B]`` (target ids) defaults to ``batch.block_prev``."""
-        hidden = self.backbone(batch, attention)
-        logits = self.lm_head(hidden)
-        if self.markov_head is not None:
-            prev = batch.block_prev if prev_tokens is None else prev_tokens
-            logits = logits + self.markov_bias(self.markov_latents(prev, hidden))
-        return logits

@@ -12,15 +12,20 @@ Examples::
 Sampling parameters come from the recipe's ``regenerate`` section (DeepSpec's defaults without one); flags
 override single fields. Re-running the same command resumes. The exit status is 0 when every row is done,
 1 when some failed (run again to retry them), 2 on a usage error (one line, before any request: the input is
-the output, an endpoint is not an http(s) URL, a missing option). ``--output``, this verb's old spelling of
-``--out``, still works and prints a one-line notice on stderr.
+the output, an endpoint is not an http(s) URL, a missing option). Every run appends its generation settings (and,
+with the local backend, its answer tokens per second) to ``<out>.settings.json``. ``--output``, this verb's old
+spelling of ``--out``, still works and prints a one-line notice on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
@@ -127,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
         raise
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    started = time.perf_counter()
     summary = regenerate_file(
         args.input,
         args.out,
@@ -137,7 +143,23 @@ def run(args: argparse.Namespace) -> int:
         split=args.split,
     )
     print(summary.format())
+    record_settings(args, sampling, backend, time.perf_counter() - started)
     return 0 if summary.failed == 0 else 1
+
+
+def record_settings(args: argparse.Namespace, sampling: SamplingParams, backend: ChatBackend, seconds: float) -> None:
+    """Write ``<out>.settings.json`` (how the answers were generated, appended to on every resumed run) and, for a
+    backend that counts its tokens (local), print the answer tokens per second of this run."""
+    tokens = getattr(backend, "completion_tokens", None)
+    run_record = {"backend": args.backend, "model": getattr(backend, "model_path", args.model), "seed": args.seed,
+                  "batch_size": getattr(backend, "batch_size", None), "multi_turn": args.multi_turn,
+                  "sampling": dataclasses.asdict(sampling), "seconds": round(seconds, 1), "answer_tokens": tokens}
+    if tokens is not None:
+        run_record["tokens_per_s"] = round(tokens / max(seconds, 1e-9), 1)
+        print(f"{tokens:,} answer tokens in {seconds:.1f} s: {run_record['tokens_per_s']:,.1f} tokens/s")
+    path = Path(f"{args.out}.settings.json")
+    runs = json.loads(path.read_text())["runs"] if path.is_file() else []
+    path.write_text(json.dumps({"input": args.input, "runs": [*runs, run_record]}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

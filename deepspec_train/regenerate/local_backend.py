@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.data.chat_templates import chat_tokenizer
+from deepspec_train.families.own_tokens import chat_turn_end
 from deepspec_train.regenerate.backend import GenerationError, Message
 from deepspec_train.regenerate.sampling import SamplingParams
 
@@ -49,6 +50,7 @@ class LocalBackend:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
+        self.model_path = model_path
         self.max_in_flight = batch_size
         self.device = torch.device(device)
         self.seed = seed
@@ -63,6 +65,8 @@ class LocalBackend:
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
         self.eos_token_ids = self._stop_token_ids()
+        # Answer tokens generated so far (the stop token included), for the tokens/s report.
+        self.completion_tokens = 0
 
     def _stop_token_ids(self) -> list[int]:
         ids: list[int] = []
@@ -71,9 +75,11 @@ class LocalBackend:
             ids.extend([configured] if isinstance(configured, int) else configured)
         if self.tokenizer.eos_token_id is not None:
             ids.append(self.tokenizer.eos_token_id)
-        turn_end = self.tokenizer.convert_tokens_to_ids(TURN_END_TOKEN)
-        if isinstance(turn_end, int) and turn_end != self.tokenizer.unk_token_id:
-            ids.append(turn_end)
+        # ChatML's turn end, and the one the target's own chat template writes (``families.own_tokens``).
+        for token in {TURN_END_TOKEN, chat_turn_end(self.tokenizer)} - {None}:
+            turn_end = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(turn_end, int) and turn_end != self.tokenizer.unk_token_id:
+                ids.append(turn_end)
         if not ids:
             raise ValueError("the model has no end-of-sequence token; cannot tell where an answer ends")
         return sorted(set(ids))
@@ -145,4 +151,5 @@ class LocalBackend:
                     finish_reason="length" if end is None else "stop",
                 )
             )
+        self.completion_tokens += sum(c.completion_tokens for c in completions)
         return completions

@@ -2,8 +2,9 @@
 step number (no process group, no model).
 
 Global step ``s`` is step ``s % steps_per_epoch`` of epoch ``s // steps_per_epoch``; an epoch visits a
-permutation of the dataset drawn from (seed, epoch), ``sequences_per_step`` sequences per step, and the sequences
-that do not fill a whole step are left out of that epoch. A step's sequences are strided over the drafter ranks
+permutation of the dataset drawn from (seed, epoch) (``order_seed`` in place of the seed when set:
+``run.data_seed``), ``sequences_per_step`` sequences per step, and the sequences that do not fill a whole step
+are left out of that epoch. A step's sequences are strided over the drafter ranks
 (rank ``r`` of ``D`` takes every ``D``-th sequence from position ``r``), so ``D`` need not divide the sequences
 per step: shares then differ by one sequence, and the trainer's loss is still normalised by the supervised slots
 of all ranks together.
@@ -17,7 +18,7 @@ alike.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -70,6 +71,8 @@ class StepPlan:
     rank: int = 0
     world_size: int = 1
     shuffle: bool = True
+    # The epoch order's own seed (None: ``seed``, which always draws the anchors).
+    order_seed: Optional[int] = None
 
     def __post_init__(self) -> None:
         if len(self.rows) < self.sequences_per_step:
@@ -85,7 +88,8 @@ class StepPlan:
     def sequence_indices(self, step: int) -> list[int]:
         """Dataset indices this rank trains on at global ``step``."""
         where = self.position(step)
-        order = epoch_order(len(self.rows), self.seed, where.epoch, self.shuffle)
+        order_seed = self.seed if self.order_seed is None else self.order_seed
+        order = epoch_order(len(self.rows), order_seed, where.epoch, self.shuffle)
         start = where.step_in_epoch * self.sequences_per_step
         return order[start : start + self.sequences_per_step][self.rank :: self.world_size].tolist()
 

@@ -3,9 +3,10 @@
 ``DrafterLoss`` is made once per run from the recipe (``DrafterLoss.for_recipe``): the drafter kind's record
 (``kinds``) and the loss settings of ``cfg.loss`` are resolved there, not per micro-batch. The kind record supplies
 what differs between kinds: the per-slot position weights (DSpark/DFlash ``exp(-(k-1)/gamma_decay)``, EAGLE-3
-``ttt_decay ** k``), the draft-vocabulary map and the Markov factor; Markov rows and confidence logits come with
-the drafter's output when it has those heads. ``normalizer`` is the step's supervised-slot count or, for
-per-sequence normalisation, one denominator per supervised row (``training.loss_normalizers``).
+``ttt_decay ** k``), the draft-vocabulary map, the Markov factor and any term of its own (``extra_loss``); Markov
+rows and confidence logits come with the drafter's output when it has those heads. ``normalizer`` is the step's
+supervised-slot count or, for per-sequence normalisation, one denominator per supervised row
+(``training.loss_normalizers``).
 """
 
 from __future__ import annotations
@@ -73,4 +74,7 @@ class DrafterLoss:
             draft_to_target=inputs.draft_to_target,
         )
         loss = selected_logit_loss(rows, self.settings, normalizer)
+        if self.kind.extra_loss is not None:
+            # A kind's own term (DFlash2's selector CE), normalised like the rest: the sum stays the step's loss.
+            loss.loss = loss.loss + self.kind.extra_loss(drafter, out, batch, self.cfg, normalizer)
         return BatchLoss(loss=loss, slot_index=out.slot_index, supervised_mask=batch.supervised_mask)

@@ -30,6 +30,7 @@ rank's backward skips would shift ZeRO's gradient buckets between ranks.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -170,13 +171,40 @@ class DeepSpeedDrafterEngine:
         # ZeRO divides the reduced gradients by the drafter count; the loss is already globally normalised.
         self.engine.backward(loss * self.ctx.world_size, scale_wrt_gas=False)
 
-    def step(self) -> float:
-        """Clip and update (DeepSpeed), after exactly the planned backward calls; returns the pre-clip grad norm."""
+    def micro_batch(self) -> contextlib.nullcontext:
+        """Nothing to set around a call: ``backward`` marks ZeRO's accumulation boundary itself."""
+        return contextlib.nullcontext()
+
+    def clip(self) -> None:
+        """DeepSpeed clips inside its step; the gradient norm is known only then."""
+        return None
+
+    def step(self, skip: bool) -> tuple[float, bool]:
+        """Clip and update (DeepSpeed), after exactly the planned backward calls; the pre-clip grad norm and
+        whether the update was applied. ZeRO skips a step whose global gradient norm is not finite by itself (its
+        norm then reads inf); ``skip`` (a non-finite loss on some rank) takes that same path."""
         if self._calls != self._planned:
             raise RuntimeError(f"step after {self._calls} backward calls, {self._planned} planned")
-        self.engine.step()
+        if skip:
+            self._step_as_overflow()
+        else:
+            self.engine.step()
         norm = self.engine.get_global_grad_norm()
-        return float(norm) if norm is not None else math.nan
+        norm = float(norm) if norm is not None else math.nan
+        return norm, not skip and math.isfinite(norm)
+
+    def _step_as_overflow(self) -> None:
+        """DeepSpeed's step with ZeRO's overflow verdict forced: it drops the reduced gradients and its buffers
+        exactly as for a non-finite norm, without an update. Every drafter rank calls it for the same step."""
+        zero = self.zero_optimizer
+        saved = zero.check_grad_overflow
+        zero.check_grad_overflow = True
+        zero.has_overflow = lambda partition_gradients=True: True
+        try:
+            self.engine.step()
+        finally:
+            del zero.has_overflow
+            zero.check_grad_overflow = saved
 
     def train_state(self) -> "DeepSpeedTrainState":
         return DeepSpeedTrainState(self)

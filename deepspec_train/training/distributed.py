@@ -104,27 +104,6 @@ def new_groups(rank_lists: list[list[int]], timeout_s: float) -> Optional[dist.P
     return mine
 
 
-def all_reduce_gradients(params: list[torch.nn.Parameter], ctx: DistContext) -> None:
-    """Sum gradients over the drafter ranks (the loss is already normalised by the global supervised count).
-
-    Ranks may run different numbers of packed micro-batches in a step, which rules out DDP's per-backward
-    hooks; one flat all-reduce after accumulation costs the same bytes.
-    """
-    if not ctx.distributed:
-        return
-    grads = []
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        grads.append(p.grad)
-    flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat, group=ctx.group)
-    offset = 0
-    for g in grads:
-        g.copy_(flat[offset : offset + g.numel()].view_as(g))
-        offset += g.numel()
-
-
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
         dist.barrier(group=ctx.group)

@@ -3,7 +3,7 @@
 
 Both need numbers from the whole step on every drafter rank before the first backward, while the step's
 micro-batches may still be on their way (a streamed step arrives one micro-batch at a time): the supervised-slot
-count (one all-reduce) and, per sequence, the summed position weights of its rows, computed from the step's
+count (one all-reduce, whose result stays on the device: the loss divides by it there, no host read) and, per sequence, the summed position weights of its rows, computed from the step's
 per-sequence slot counts (``StepBatches.slot_counts``) and gathered over the drafter ranks (one all-gather of a
 ``{sequence id: weight sum}`` map, a few hundred numbers).
 """
@@ -20,20 +20,21 @@ from deepspec_train.losses.normalization import (
 )
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.training.batch_loss import DrafterLoss
-from deepspec_train.training.distributed import DistContext, all_reduce_sum
+from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import StepBatches
 
 
 @dataclass
 class StepNormalizer:
-    """One step's denominators: ``tokens`` (supervised slots over all ranks) and, for per-sequence
-    normalisation, each sequence's weight sum over all ranks (None: per token)."""
+    """One step's denominators: ``tokens`` (supervised slots over all ranks, at least 1: a 0-dim float64 tensor on
+    the drafter's device) and, for per-sequence normalisation, each sequence's weight sum over all ranks (None: per
+    token)."""
 
-    tokens: float
+    tokens: torch.Tensor
     weight_sums: dict[int, float] | None
     num_sequences: int
 
-    def rows(self, batch: PackedBatch) -> float | torch.Tensor:
+    def rows(self, batch: PackedBatch) -> torch.Tensor:
         """The normaliser of ``batch``'s loss: the token count, or one denominator per supervised row."""
         if self.weight_sums is None:
             return self.tokens
@@ -45,7 +46,11 @@ def step_normalizers(
 ) -> StepNormalizer:
     """The step's ``StepNormalizer`` for the run's ``loss``; ``model`` (possibly wrapped) is the drafter being
     trained. Collective: every drafter rank calls it once per step, whatever its number of micro-batches."""
-    tokens = max(all_reduce_sum(float(step.num_supervised), ctx), 1.0)
+    # float64 holds any count exactly, as the Python float it replaces did.
+    tokens = torch.full((), float(step.num_supervised), dtype=torch.float64, device=ctx.device)
+    if ctx.distributed:
+        dist.all_reduce(tokens, group=ctx.group)
+    tokens = tokens.clamp_min(1.0)
     sequences = loss.cfg.train.global_batch_sequences
     if loss.cfg.loss.normalizer == "token":
         return StepNormalizer(tokens, None, sequences)

@@ -9,8 +9,9 @@ What each rank does:
   with its manifest (``training.checkpoint``), so a kill mid-write never leaves one that verifies.
 - A ``StopWatch`` thread posts a raised flag in the rendezvous store and raises the flag of every rank that
   reads a post there: a signal sent to one process (a target worker, a single ``srun`` task) reaches all.
-- After each optimizer step the drafter ranks (the colocated ranks) agree with one max all-reduce of their
-  flags (``agreed_to_stop``), so they all stop after the same step, checkpoint it and raise ``Preempted``.
+- Before each optimizer update the drafter ranks (the colocated ranks) agree on their flags in the collective of
+  ``training.step_guard`` (one max all-reduce, shared with the non-finite guard), so they all stop after the same
+  step, checkpoint it and raise ``Preempted``.
 - Streamed: drafter worker 0 posts the step it stopped after; target workers then drop what they still had
   queued or were computing (the checkpoint holds the drafters' data position, and a resumed drafter tells its
   target which step to start from), acknowledge, sign off and exit with the same status. The drafters leave
@@ -31,10 +32,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Optional
 
-import torch
 import torch.distributed as dist
-
-from deepspec_train.training.distributed import DistContext
 
 PREEMPTED_EXIT_CODE = 4
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -81,16 +79,6 @@ def install() -> None:
 
 def requested() -> bool:
     return _requested.is_set()
-
-
-def agreed_to_stop(ctx: DistContext) -> bool:
-    """Whether any rank of the role (or, through the store, of the run) was asked to stop; the same answer on
-    every rank of ``ctx`` (a collective over its group when there are several ranks)."""
-    if not ctx.distributed:
-        return _requested.is_set()
-    flag = torch.tensor([1 if _requested.is_set() else 0], dtype=torch.int32, device=ctx.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.group)
-    return bool(flag.item())
 
 
 def announce(step: int, checkpoint: Path, log: Callable[[str], None]) -> None:

@@ -1,7 +1,8 @@
 """Console progress bar for training: step, loss, throughput and ETA, shown by rank 0 only.
 
-The trainer calls ``update`` once per optimizer step with the throughput it measured itself; the bar's ETA comes
-from tqdm's own rate estimate over optimizer steps, which already includes evaluation and checkpoint pauses.
+The trainer calls ``update`` on logging steps with the loss and throughput it has just reduced over the ranks, and
+``advance`` on the others (reading the loss every step would stall a GPU stream); the bar's ETA comes from tqdm's
+own rate estimate over optimizer steps, which already includes evaluation and checkpoint pauses.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ class TrainProgress:
             {"loss": f"{loss:.4f}", "samples/s": f"{samples_per_s:.1f}", "sup_tok/s": f"{sup_tokens_per_s:.0f}"},
             refresh=True,
         )
+
+    def advance(self, step: int) -> None:
+        """Move the bar to optimizer step ``step``, keeping the measurements shown."""
+        if self._bar is not None and step > self._bar.n:
+            self._bar.update(step - self._bar.n)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -14,6 +14,7 @@ from deepspec_train.models.qwen3_layers import RotaryEmbedding
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
 from deepspec_train.packing.packer import SequenceItem
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY
+from tests.helpers.slot_logits import slot_logits
 
 LAYER_IDS = [0, 2]
 
@@ -68,7 +69,7 @@ def random_item(length: int, sample_id: int, generator: torch.Generator) -> Sequ
 def drafter_outputs(module: torch.nn.Module, batch: PackedBatch) -> dict[str, torch.Tensor]:
     """Slot logits and (DSpark) confidence logits, the quantities a serving engine computes."""
     with torch.no_grad():
-        out = {"logits": module.slot_logits(batch)}
+        out = {"logits": slot_logits(module, batch)}
         if isinstance(module, ParallelDrafter) and module.confidence_head is not None:
             hidden = module.backbone(batch)
             out["confidence"] = module.confidence_logits(hidden, module.markov_rows(batch.block_prev))

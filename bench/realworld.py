@@ -1,0 +1,247 @@
+"""The benchmark on a real model: DSpark, DFlash and EAGLE-3 for SmolLM2-135M-Instruct, several training seeds,
+judged on GSM8K test and HumanEval with the exact speculative decoder.
+
+    python bench/realworld.py --target artifacts/smollm2/target --data artifacts/smollm2/data --out runs/realworld
+    python bench/realworld.py ... --training-seeds 1 --steps 4 --prompts 2 --new-tokens 16   # a smoke run
+    python bench/realworld.py ... --reuse                 # decode drafters trained earlier into the same --out
+
+1. Prepares the suites with ``deepspec suites prepare`` from ``--datasets`` (default ``../shared/datasets``):
+   GSM8K test and HumanEval, ``--prompts`` of each drawn as DeepSpec draws them. Nothing is tuned on them.
+2. Trains ``smollm2-135m-dspark``, ``-dflash`` and ``-eagle3`` for every training seed (``run.seed`` fixes the
+   data order and anchors, so the three kinds of one seed see the same data in the same order) with one budget
+   (``--steps``), on the regenerated conversations in ``--data`` (``train.jsonl``, ``validation.jsonl``).
+3. Exactness: for every drafter, greedy speculative decoding of ``--exactness-prompts`` prompts equals the
+   target's ``generate(do_sample=False)``, token for token (the script stops if not); at T = 1 the first token of
+   ``--distribution-samples`` speculative rounds follows the target's law (``bench/first_token_law.py``, the
+   tiny world's distribution test at a real vocabulary).
+4. Decodes every suite prompt with every drafter at each temperature (default 1 and 0; ``--sampling-seeds``
+   at T > 0) in ``--decode-workers`` one-thread processes, and prints per suite each kind's pooled tau, the ratios
+   DSpark / EAGLE-3 and DSpark / DFlash with a two-level bootstrap over training seeds and prompts
+   (``evaluation.seed_bootstrap``), and the modeled speedup of the kinds' production counterparts
+   (``bench/modeled_speedup.py``: the same structure at Qwen3-8B widths on an H200, batch 1 and 32).
+
+Writes ``OUT/realworld.md`` and ``OUT/realworld.json``; each run's directory is ``OUT/seed-S/RECIPE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.first_token_law import first_token_law  # noqa: E402
+from bench.modeled_speedup import modeled_cost, speedup_ratios, trained_settings  # noqa: E402
+from bench.quality import train_all  # noqa: E402
+from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
+    BenchDrafter, DecodeSettings, decode_interleaved, markdown, ratio_cell, totals_by_category,
+)
+from deepspec_train.evaluation.seed_bootstrap import pooled_tau, seed_and_prompt_ratios  # noqa: E402
+from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, stop_token_ids  # noqa: E402
+from deepspec_train.evaluation.suites import Suite, load_suite  # noqa: E402
+from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
+from deepspec_train.serving_cost import REPORT_BATCHES, REPORT_GPU  # noqa: E402
+
+RECIPES = ("smollm2-135m-dspark", "smollm2-135m-dflash", "smollm2-135m-eagle3")
+REFERENCE = RECIPES[0]
+# The issue's goals: DSpark / EAGLE-3 >= 1.25 and DSpark / DFlash >= 1.18, each interval excluding 1.
+GOALS = {(REFERENCE, "smollm2-135m-eagle3"): 1.25, (REFERENCE, "smollm2-135m-dflash"): 1.18}
+SUITES = {"gsm8k": "gsm8k", "humaneval": "humaneval"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default="artifacts/smollm2/target", help="built by `deepspec realworld build`")
+    p.add_argument("--data", default="artifacts/smollm2/data", help="regenerated train.jsonl / validation.jsonl")
+    p.add_argument("--datasets", default=str(REPO.parent / "shared" / "datasets"), help="GSM8K and HumanEval")
+    p.add_argument("--out", default="runs/realworld")
+    p.add_argument("--training-seeds", type=int, default=3, help="drafters trained per kind (default 3)")
+    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the recipes')")
+    p.add_argument("--override-all", action="append", default=[], metavar="KEY=VALUE",
+                   help="a recipe override for every run (the shared budget and data); repeatable")
+    p.add_argument("--reuse", action="store_true", help="decode OUT/seed-S/RECIPE/drafter when it exists")
+    p.add_argument("--prompts", type=int, default=40, help="prompts drawn from each suite (default 40)")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--sampling-seeds", type=int, default=2, help="sampling seeds at T > 0, pooled per prompt")
+    p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
+    p.add_argument("--exactness-prompts", type=int, default=2, help="prompts of the T = 0 exactness check")
+    p.add_argument("--distribution-samples", type=int, default=2000,
+                   help="first rounds of the T = 1 first-token law test per drafter (0: skip)")
+    p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates")
+    p.add_argument("--decode-workers", type=int, default=len(os.sched_getaffinity(0)))
+    p.add_argument("--train-jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--no-progress", action="store_true")
+    return p.parse_args(argv)
+
+
+def prepare_suites(args: argparse.Namespace, out: Path) -> list[Suite]:
+    """The suites' prompt files, written with the ``deepspec suites prepare`` command a user runs."""
+    suites = []
+    for name, folder in SUITES.items():
+        source, written = Path(args.datasets) / folder, out / "suites" / f"{name}.jsonl"
+        if not source.exists():
+            raise SystemExit(f"{source}: not found (the benchmark reads GSM8K test and HumanEval from --datasets)")
+        if not written.is_file():
+            subprocess.run([sys.executable, "-m", "deepspec_train.jobs.cli", "suites", "prepare", name, "--input",
+                            str(source), "--out", str(written), "--sample", str(args.prompts), "--no-progress"],
+                           cwd=REPO, check=True)
+        suites.append(load_suite(str(written), None, args.prompts))
+    return suites
+
+
+def run_name(recipe: str, seed: int) -> str:
+    return f"{recipe}@s{seed}"
+
+
+def train_commands(args: argparse.Namespace, out: Path, data: Path, target: Path) -> dict[str, list[str]]:
+    steps = [] if args.steps is None else [f"train.max_steps={args.steps}", f"train.eval_every={args.steps}",
+                                           f"train.checkpoint_every={args.steps}"]
+    commands = {}
+    for seed in range(args.training_seeds):
+        for recipe in RECIPES:
+            run_dir = out / f"seed-{seed}" / recipe
+            if args.reuse and (run_dir / "drafter").is_dir():
+                continue
+            commands[run_name(recipe, seed)] = [
+                sys.executable, str(REPO / "train.py"), f"recipe={recipe}", f"target.path={target}",
+                f"data.train=[{data / 'train.jsonl'}]", f"data.validation=[{data / 'validation.jsonl'}]",
+                f"data.cache_dir={out / 'cache'}", f"run.output_dir={run_dir}", f"run.seed={seed}",
+                "run.overwrite=true", "logging.wandb=false", f"logging.progress={str(not args.no_progress).lower()}",
+                *steps, *args.override_all]
+    return commands
+
+
+def check_exactness(target, tokenizer, drafters: list[BenchDrafter], suites: list[Suite], count: int,
+                    new_tokens: int) -> int:
+    """Greedy speculative decoding equals ``generate(do_sample=False)`` for every drafter on ``count`` prompts of
+    each suite; returns the number of (drafter, prompt) pairs checked."""
+    stops = sorted(stop_token_ids(target, tokenizer))
+    checked = 0
+    for suite in suites:
+        for prompt in suite.prompts[:count]:
+            messages = [{"role": "user", "content": prompt.turns[0]}]
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                                return_dict=True)["input_ids"]
+            plain = target.generate(ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=stops,
+                                    pad_token_id=stops[0])[0, ids.shape[1]:].tolist()
+            for d in drafters:
+                decoder = SpeculativeDecoder(target, tokenizer, d.drafter, d.loaded.target_layer_ids,
+                                             d.block_size, 0.0)
+                (turn,), _ = decoder.decode_conversation([prompt.turns[0]], new_tokens)
+                if turn.tokens != plain:
+                    raise SystemExit(f"exactness: {d.name} on {suite.name}/{prompt.id} differs from greedy decoding")
+                checked += 1
+    return checked
+
+
+def distribution_lines(target, tokenizer, drafters: list[BenchDrafter], suite: Suite, samples: int) -> list[str]:
+    """The T = 1 first-token law test (``bench/first_token_law.py``) for the first training seed's drafters, on
+    the suite's first prompt; one line each."""
+    messages = [{"role": "user", "content": suite.prompts[0].turns[0]}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                        return_dict=True)["input_ids"][0]
+    lines = []
+    for d in drafters:
+        law = first_token_law(target, d.drafter, d.loaded.target_layer_ids, ids, samples)
+        verdict = "consistent with the target's law" if law.p_value > 0.01 else "NOT the target's law"
+        lines.append(f"- {d.name}: first token of {samples} rounds at T = 1, chi-square p = {law.p_value:.3f} over "
+                     f"{law.cells} cells ({verdict}); first-round acceptance {law.acceptance:.3f}")
+    return lines
+
+
+def tables_at(temperature: float, rows, args: argparse.Namespace, factors) -> tuple[str, dict]:
+    """The markdown and the JSON of one temperature: tau per suite, ratios, modeled speedups."""
+    by_seed: list[dict] = []
+    for seed in range(args.training_seeds):
+        names = {run_name(r, seed): r for r in RECIPES}
+        totals = totals_by_category({n: rows[n] for n in names}, group_of=lambda r: r.suite)
+        by_seed.append({suite: {names[n]: t for n, t in per.items()} for suite, per in totals.items()})
+    taus = pooled_tau(by_seed)
+    ratios = seed_and_prompt_ratios(by_seed, list(GOALS), args.bootstrap, seed=0)
+    speedups = {b: speedup_ratios(ratios, factors[b]) for b in REPORT_BATCHES}
+    suites = sorted(taus)
+    pairs = list(GOALS)
+    columns = ["suite", *(f"tau {r.removeprefix('smollm2-135m-')}" for r in RECIPES),
+               *(f"{a.removeprefix('smollm2-135m-')} / {b.removeprefix('smollm2-135m-')}" for a, b in pairs),
+               *(f"modeled speedup ratio {b.removeprefix('smollm2-135m-')} b={n}" for n in REPORT_BATCHES
+                 for _, b in pairs)]
+    body = [[s, *(f"{taus[s][r]:.3f}" for r in RECIPES), *(ratio_cell(ratios[p][s]) for p in pairs),
+             *(ratio_cell(speedups[n][p][s]) for n in REPORT_BATCHES for p in pairs)] for s in suites]
+    body.append(["geomean", *("" for _ in RECIPES), *(ratio_cell(ratios[p]["geomean"]) for p in pairs),
+                 *(ratio_cell(speedups[n][p]["geomean"]) for n in REPORT_BATCHES for p in pairs)])
+    lines = [markdown(columns, body), ""]
+    for pair, goal in GOALS.items():
+        g = ratios[pair]["geomean"]
+        met = g.value >= goal and g.excludes_one()
+        lines.append(f"- {pair[0]} / {pair[1]}: geomean {g.value:.3f} [{g.low:.3f}, {g.high:.3f}]; goal >= {goal} "
+                     f"with the interval excluding 1: {'met' if met else 'not met'}")
+    report = {"tau": taus,
+              "ratios": {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()} for (a, b), per in ratios.items()},
+              "modeled_speedup_ratios": {str(n): {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()}
+                                                  for (a, b), per in by.items()} for n, by in speedups.items()}}
+    return "\n".join(lines), report
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    out, data, target_path = Path(args.out).resolve(), Path(args.data).resolve(), Path(args.target).resolve()
+    for needed in (target_path / "config.json", data / "train.jsonl", data / "validation.jsonl"):
+        if not needed.is_file():
+            raise SystemExit(f"{needed}: missing (docs/howto/real_model.md builds the target and its data)")
+    out.mkdir(parents=True, exist_ok=True)
+    suites = prepare_suites(args, out)
+    train_seconds = train_all(train_commands(args, out, data, target_path), args.train_jobs, out)
+    trained_at = time.time()
+
+    torch.set_num_threads(1)
+    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
+    target.requires_grad_(False)
+    tokenizer = AutoTokenizer.from_pretrained(target_path)
+    drafters = [BenchDrafter.of(run_name(r, s), load_exported_drafter(out / f"seed-{s}" / r / "drafter",
+                                                                      str(target_path)))
+                for s in range(args.training_seeds) for r in RECIPES]
+    checked = check_exactness(target, tokenizer, drafters, suites, args.exactness_prompts, args.new_tokens)
+    costs = {r: modeled_cost(r, *trained_settings(out / "seed-0" / r / "drafter")) for r in RECIPES}
+    factors = {b: {r: costs[r].times[b].speedup_per_token for r in RECIPES} for b in REPORT_BATCHES}
+
+    prompts = ", ".join(f"{s.name} {len(s.prompts)}" for s in suites)
+    text = [f"# SmolLM2-135M-Instruct: DSpark against EAGLE-3 and DFlash ({args.training_seeds} training seed(s) "
+            f"per kind, {args.steps or 'recipe'} steps; {prompts} prompts; {args.new_tokens} new tokens)", "",
+            f"Exactness: greedy speculative decoding equals generate(do_sample=False) for {checked} "
+            "(drafter, prompt) pairs.", ""]
+    if args.distribution_samples:
+        first_seed = [d for d in drafters if d.name.endswith("@s0")]
+        text += [f"T = 1 distribution test ({suites[0].name}'s first prompt):",
+                 *distribution_lines(target, tokenizer, first_seed, suites[0], args.distribution_samples), ""]
+    report: dict = {"settings": vars(args), "train_seconds": train_seconds, "exactness_pairs": checked,
+                    "temperatures": {}}
+    for temperature in args.temperatures:
+        seeds = tuple(range(args.sampling_seeds)) if temperature > 0 else (0,)
+        settings = DecodeSettings(temperature, seeds, args.new_tokens)
+        rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress,
+                                  workers=args.decode_workers)
+        table, report["temperatures"][f"{temperature:g}"] = tables_at(temperature, rows, args, factors)
+        text += [f"## T = {temperature:g} ({len(seeds)} sampling seed(s); tau pooled over rounds; intervals: "
+                 "two-level bootstrap over training seeds and prompts, 95%; modeled speedup: production "
+                 f"counterparts at Qwen3-8B widths on an {REPORT_GPU})", "", table, ""]
+    minutes = (time.time() - started) / 60
+    text.append(f"Wall time {minutes:.1f} min (training {(trained_at - started) / 60:.1f} min).")
+    report["wall_minutes"] = minutes
+    (out / "realworld.md").write_text("\n".join(text) + "\n")
+    (out / "realworld.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    print("\n".join(text))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

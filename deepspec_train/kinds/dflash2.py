@@ -1,0 +1,187 @@
+"""The DFlash2 drafter kind: DFlash's backbone with dynamic depthwise convolutions in every layer, plus a low-rank
+pairwise candidate selector over each slot's top-K candidates (``models.dflash2_drafter``).
+
+It drafts like DFlash (one backbone pass over ``[x_a, MASK, ...]``) in the 1 + N layout both engines serve it in
+(``sample_from_anchor`` false: z-lab labels, slot ``j >= 1`` predicts ``x_{a+j}``, so ``drafter.labels`` must be
+``zlab``), then walks the selector's lattice (``models.dflash2_drafting``). Its loss is DFlash's (the recipe's
+decay-weighted CE + distance terms) plus ``selector_loss_weight`` times the K-way CE of the selector against the
+true next token given the true predecessor (``losses.selector_loss``). It warm-starts from a trained DFlash of
+the same shape (``drafter.init_from``): the convolutions start as the identity and the selector's pairwise term at
+zero, so the start drafts like the DFlash restricted to its top-K. It exports in the ``dflash2`` layout
+(``kinds.dflash2_layout``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Optional
+
+from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig, RecipeConfig
+from deepspec_train.kinds.dflash2_layout import DFLASH2_LAYOUT
+from deepspec_train.kinds.parallel import DFLASH
+from deepspec_train.kinds.spec import (
+    CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, WarmStart, layer_stack_flops, unused_settings,
+)
+from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.serving_kernels import dflash2_round
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from deepspec_train.models.block_drafting import BlockDrafter
+    from deepspec_train.models.draft_vocab import DraftVocab
+    from deepspec_train.models.parallel_drafter import DrafterOutput
+    from deepspec_train.packing.batch import PackedBatch
+
+NAME = "dflash2"
+# The kind whose trained drafters a DFlash2 starts from, and the tensors such a start leaves at their init.
+_WARM_START_FROM = (DFLASH.name,)
+_NEW_TENSORS = ("attention_conv.", "mlp_conv.", "candidate_selector.")
+_UNUSED = ("ttt_steps", "ttt_decay", "draft_vocab_size") + MARKOV_SETTINGS + CONFIDENCE_SETTINGS
+
+
+def _problems(cfg: RecipeConfig) -> list[str]:
+    d = cfg.drafter
+    problems = unused_settings(d, _UNUSED)
+    if d.markov_rank != 0 or d.confidence_head:
+        problems.append(f"drafter.kind={NAME} needs drafter.markov_rank=0 and drafter.confidence_head=false, got "
+                        f"{d.markov_rank} and {str(d.confidence_head).lower()}")
+    if d.labels != ZLAB_LABELS:
+        problems.append(f"drafter.kind={NAME} drafts in the engines' 1 + N layout: drafter.labels must be "
+                        f"{ZLAB_LABELS}, got {d.labels}")
+    if d.block_size < 2:
+        problems.append(f"drafter.kind={NAME} drafts block_size - 1 tokens: drafter.block_size must be >= 2, got "
+                        f"{d.block_size}")
+    for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        if getattr(d, name) < 1:
+            problems.append(f"drafter.kind={NAME} needs drafter.{name} >= 1, got {getattr(d, name)}")
+    if d.selector_loss_weight < 0:
+        problems.append(f"drafter.selector_loss_weight = {d.selector_loss_weight!r} must be >= 0")
+    return problems
+
+
+def _build(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
+           token_counts: Optional[torch.Tensor]) -> nn.Module:
+    from deepspec_train.models.dflash2_drafter import DFlash2Drafter
+
+    return DFlash2Drafter(geometry, drafter_cfg, layer_ids)
+
+
+def _build_from_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry, layer_ids: list[int],
+                      state: Mapping[str, torch.Tensor]) -> nn.Module:
+    return _build(drafter_cfg, geometry, layer_ids, None)
+
+
+def _complete_state(drafter_cfg: DrafterConfig, geometry: DrafterGeometry,
+                    state: MutableMapping[str, torch.Tensor]) -> None:
+    """Every tensor of a DFlash2 is stored or comes from the target."""
+
+
+def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor,
+                  draft_vocab: Optional[DraftVocab]) -> dict[str, torch.Tensor]:
+    return {"embed_tokens.weight": embed, "lm_head.weight": lm_head}
+
+
+@functools.lru_cache(maxsize=16)
+def _block_decay_weights(block_size: int, gamma_decay: float) -> torch.Tensor:
+    """DFlash's slot weights ``exp(-k / gamma_decay)``, once per run (callers never write into the tensor)."""
+    import torch
+
+    from deepspec_train.losses.position_weights import decay_weights
+
+    return decay_weights(torch.arange(block_size), gamma_decay)
+
+
+def _slot_weights(module: nn.Module, cfg: RecipeConfig) -> torch.Tensor:
+    return _block_decay_weights(cfg.drafter.block_size, cfg.loss.gamma_decay)
+
+
+def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
+    weights = _slot_weights(module, cfg).to(output.slot_index.device)[output.slot_index]
+    return LossInputs(weights, None, None)
+
+
+def predecessor_tokens(batch: PackedBatch) -> torch.Tensor:
+    """``[Nb, B]``: the true token before the one slot ``j`` predicts under z-lab labels, ``x_{a+j-1}`` (the anchor
+    for slot 1; slot 0 predicts nothing and gets the anchor too)."""
+    import torch
+
+    return torch.cat([batch.block_prev[:, :1], batch.block_prev[:, :-1]], dim=1)
+
+
+def _extra_loss(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cfg: RecipeConfig,
+                normalizer: Any) -> torch.Tensor:
+    """The selector's weighted K-way CE on the supervised rows (``losses.selector_loss``)."""
+    from deepspec_train.losses.selector_loss import SelectorRows, selector_loss
+
+    supervised = batch.supervised_mask
+    rows = SelectorRows(output.hidden, module.lm_head.weight, predecessor_tokens(batch)[supervised],
+                        batch.labels[supervised], _loss_inputs(module, output, cfg).weights)
+    drafter = cfg.drafter
+    return selector_loss(rows, module.candidate_selector, drafter.selector_top_k, drafter.selector_loss_weight,
+                         cfg.loss.temperature, normalizer, cfg.loss.chunk_size).loss
+
+
+def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
+    from deepspec_train.models.dflash2_drafter import DFlash2Drafter
+    from deepspec_train.models.dflash2_drafting import DFlash2BlockDrafter
+
+    if not isinstance(module, DFlash2Drafter):
+        raise TypeError(f"drafter kind {NAME} needs a DFlash2Drafter, got {type(module).__name__}")
+    return DFlash2BlockDrafter(module, labels)
+
+
+def _sequential_passes(cfg: DrafterConfig) -> int:
+    return cfg.num_layers
+
+
+def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], supervised: int) -> float:
+    """DFlash's FLOPs (``kinds.parallel``) plus, per block slot and layer, the two convolutions' kernel
+    projections (forward + backward), and per supervised slot the candidates' head logits (forward), the selector's
+    hidden projection and its ``K`` pairwise scores (forward + backward)."""
+    d, block, vocab = geometry.hidden_size, cfg.drafter.block_size, geometry.vocab_size
+    taps, group = cfg.drafter.conv_kernel_size, cfg.drafter.conv_group_size
+    rank, top_k = cfg.drafter.selector_rank, cfg.drafter.selector_top_k
+    visible = sum((a + block) * block for a in anchors)
+    heads = supervised * (2 * 2 * d * vocab + 2 * d * vocab)
+    convs = 3 * 2 * 2 * d * (2 * taps * (d // max(group, 1))) * cfg.drafter.num_layers * len(anchors) * block
+    selector = supervised * (2 * d * vocab + 3 * 2 * (d * rank + top_k * (d + rank)))
+    return layer_stack_flops(cfg, geometry, anchors, d, visible, heads) + convs + selector
+
+
+def _layouts(labels: str) -> tuple[str, ...]:
+    # Both engines serve DFlash2 in the 1 + N (z-lab) layout only.
+    return (DFLASH2_LAYOUT.name,) if labels == ZLAB_LABELS else ()
+
+
+def _holds_export(drafter: DrafterConfig) -> bool:
+    return drafter.selector_rank > 0
+
+
+def _keeps_init(name: str) -> bool:
+    return any(part in name for part in _NEW_TENSORS)
+
+
+DFLASH2 = DrafterKind(
+    name=NAME,
+    summary="DFlash backbone + dynamic depthwise convolutions + pairwise top-K candidate selector",
+    needs_token_counts=lambda drafter_cfg: False,
+    uses_mask_token=True,
+    recipe_problems=_problems,
+    build=_build,
+    build_from_state=_build_from_state,
+    complete_state=_complete_state,
+    frozen_head_state=_frozen_heads,
+    slot_weights=_slot_weights,
+    loss_inputs=_loss_inputs,
+    block_drafter=_block_drafter,
+    sequential_passes=_sequential_passes,
+    flops_per_sequence=_flops,
+    serving_round=dflash2_round,
+    layouts=_layouts,
+    holds_export=_holds_export,
+    extra_loss=_extra_loss,
+    warm_start=WarmStart(_WARM_START_FROM, _keeps_init),
+)
