@@ -17,6 +17,7 @@ SIGUSR1 after its current step and one checkpoint, to be continued with ``train.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import traceback
@@ -54,3 +55,13 @@ def exit_on_user_error(work: Callable[[], Optional[int]]) -> int:
         return int(work() or 0)
     except UserError as error:
         return report_user_error(error)
+
+
+def run_verb(prog: str, description: str, add_arguments: Callable[[argparse.ArgumentParser], None],
+             run: Callable[[argparse.Namespace], int], argv: Optional[list[str]]) -> int:
+    """Parse ``argv`` (None: the command line) with a verb's ``add_arguments`` and run it through
+    ``exit_on_user_error``: the ``deepspec`` console script and a verb module run as ``python -m`` alike."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return exit_on_user_error(lambda: run(args))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -67,6 +67,32 @@ def estimate_from_replicates(point: float, replicates: np.ndarray, level: float)
     return RatioEstimate(float(point), float(replicates.std(ddof=1)), float(low), float(high))
 
 
+# (category, drafter) -> that drafter's tau in the category on the full sample, and on each bootstrap replicate.
+TauReplicates = Callable[[str, str], tuple[float, np.ndarray]]
+
+
+def ratio_estimates(pairs: Sequence[tuple[str, str]], categories: Sequence[str], taus: TauReplicates,
+                    level: float) -> dict[tuple[str, str], dict[str, RatioEstimate]]:
+    """``{(a, b): {category: estimate, ..., "geomean": estimate}}`` of ``tau_a / tau_b`` from every drafter's
+    point and replicate taus (``taus``): per category, and their geometric mean over the categories, computed per
+    replicate. Both bootstraps report through it (this module's over prompts, ``seed_bootstrap``'s over seeds
+    and prompts)."""
+    out: dict[tuple[str, str], dict[str, RatioEstimate]] = {}
+    for a, b in pairs:
+        per_category: dict[str, RatioEstimate] = {}
+        log_points, log_replicates = [], []
+        for category in categories:
+            (point_a, reps_a), (point_b, reps_b) = taus(category, a), taus(category, b)
+            point, reps = point_a / point_b, reps_a / reps_b
+            per_category[category] = estimate_from_replicates(point, reps, level)
+            log_points.append(math.log(point))
+            log_replicates.append(np.log(reps))
+        geomean = math.exp(sum(log_points) / len(log_points))
+        per_category["geomean"] = estimate_from_replicates(geomean, np.exp(np.mean(log_replicates, axis=0)), level)
+        out[(a, b)] = per_category
+    return out
+
+
 def bootstrap_tau_ratios(
     totals: Mapping[str, Mapping[str, PromptTotals]],
     pairs: Sequence[tuple[str, str]],
@@ -92,21 +118,7 @@ def bootstrap_tau_ratios(
             raise ValueError(f"category {category}: drafters have different prompt counts {sizes}")
         n = next(iter(sizes.values()))
         draws[category] = rng.integers(0, n, size=(replicates, n))
-    out: dict[tuple[str, str], dict[str, RatioEstimate]] = {}
-    for a, b in pairs:
-        per_category: dict[str, RatioEstimate] = {}
-        log_points, log_replicates = [], []
-        for category in categories:
-            ta, tb = totals[category][a], totals[category][b]
-            point = ta.tau() / tb.tau()
-            reps = ta.tau(draws[category]) / tb.tau(draws[category])
-            per_category[category] = estimate_from_replicates(point, reps, level)
-            log_points.append(math.log(point))
-            log_replicates.append(np.log(reps))
-        geomean = math.exp(sum(log_points) / len(log_points))
-        per_category["geomean"] = estimate_from_replicates(geomean, np.exp(np.mean(log_replicates, axis=0)), level)
-        out[(a, b)] = per_category
-    return out
+    return ratio_estimates(pairs, categories, lambda c, k: (totals[c][k].tau(), totals[c][k].tau(draws[c])), level)
 
 
 def bootstrap_mean(values_per_prompt: Sequence[np.ndarray], replicates: int = 2000, seed: int = 0,

@@ -12,12 +12,11 @@ reported fields are ``paired_bootstrap``'s; with one training seed this is that 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from deepspec_train.evaluation.paired_bootstrap import PromptTotals, RatioEstimate, estimate_from_replicates
+from deepspec_train.evaluation.paired_bootstrap import PromptTotals, RatioEstimate, ratio_estimates
 
 # totals[training seed][category][kind] -> that seed's drafter's per-prompt totals
 SeedTotals = Sequence[Mapping[str, Mapping[str, PromptTotals]]]
@@ -66,17 +65,4 @@ def seed_and_prompt_ratios(totals: SeedTotals, pairs: Sequence[tuple[str, str]],
         pick_r = rounds[seed_draw[:, :, None], prompts[:, None, :]]
         return float(emitted.sum() / rounds.sum()), pick_e.sum(axis=(1, 2)) / pick_r.sum(axis=(1, 2))
 
-    out: dict[tuple[str, str], dict[str, RatioEstimate]] = {}
-    for a, b in pairs:
-        per_category: dict[str, RatioEstimate] = {}
-        log_points, log_replicates = [], []
-        for category in categories:
-            (point_a, reps_a), (point_b, reps_b) = replicate_taus(category, a), replicate_taus(category, b)
-            point, reps = point_a / point_b, reps_a / reps_b
-            per_category[category] = estimate_from_replicates(point, reps, level)
-            log_points.append(math.log(point))
-            log_replicates.append(np.log(reps))
-        geomean = math.exp(sum(log_points) / len(log_points))
-        per_category["geomean"] = estimate_from_replicates(geomean, np.exp(np.mean(log_replicates, axis=0)), level)
-        out[(a, b)] = per_category
-    return out
+    return ratio_estimates(pairs, categories, replicate_taus, level)

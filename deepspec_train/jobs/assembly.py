@@ -7,9 +7,9 @@
   ``validation_plan``, pure ``steps.plan.StepPlan`` records) and the chunk builder over a tapped target
   (``chunk_builder``), made the same way by a colocated rank for itself and by a target worker for each drafter
   it feeds, so both modes see the same batches;
-- the end of every job: ``train_and_finish`` (metrics sink -> trainer -> fit -> trained-drafter files ->
-  summary), run by the colocated ranks and by the drafter workers alike; ``start_job`` is its set-up alone, for
-  a run that steps several trainers in turn (``jobs.grouped_colocated``).
+- the end of every job: ``start_job`` (metrics sink -> trainer), then ``train_and_finish`` (fit -> trained-drafter
+  files -> summary), run by the colocated ranks and by the drafter workers alike; a run that steps several
+  trainers in turn (``jobs.grouped_colocated``) takes ``start_job`` alone.
 
 Order matters for failing fast: the output directory and resolved config come first (``jobs.run``), then data
 (tokenised and cached), then the target and the drafter, then the loop.
@@ -207,19 +207,9 @@ def start_job(
     return TrainingJob(cfg, ctx, trainer, resume_from, sink, out_dir)
 
 
-def train_and_finish(
-    cfg: RecipeConfig,
-    ctx: DistContext,
-    drafter: nn.Module,
-    target_head_weight: torch.Tensor,
-    source: FeatureSource,
-    validation,
-    total_steps: int,
-    out_dir: Path,
-) -> TrainSummary:
-    """Train ``drafter`` (``start_job``), then write the trained drafter and the summary (main rank) and close the
-    metrics sink."""
-    job = start_job(cfg, ctx, drafter, target_head_weight, source, validation, total_steps, out_dir)
+def train_and_finish(job: TrainingJob) -> TrainSummary:
+    """Train a job set up by ``start_job``, then write the trained drafter and the summary (main rank) and close
+    the metrics sink."""
     try:
         summary = job.trainer.fit(job.resume_from)
     except Preempted:

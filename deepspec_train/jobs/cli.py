@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from deepspec_train.errors import exit_on_user_error
+from deepspec_train.errors import run_verb
 from deepspec_train.package_version import package_version
 
 # verb -> (module, one-line help)
@@ -51,10 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     verb, rest = argv[0], argv[1:]
     module = importlib.import_module(VERBS[verb][0])
-    verb_parser = argparse.ArgumentParser(prog=f"deepspec {verb}", description=VERBS[verb][1])
-    module.add_arguments(verb_parser)
-    args = verb_parser.parse_args(rest)
-    return exit_on_user_error(lambda: module.run(args))
+    return run_verb(f"deepspec {verb}", VERBS[verb][1], module.add_arguments, module.run, rest)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_pass,
+    chunk_builder, load_token_datasets, start_job, total_steps_for, train_and_finish, train_plan, validation_pass,
     validation_plan,
 )
 from deepspec_train.jobs.drafter_init import initialise_from
@@ -44,4 +44,4 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     if "validation" in datasets:
         validation = validation_pass(validation_plan(cfg, datasets["validation"], ctx.rank, ctx.world_size), builder)
     total_steps = total_steps_for(cfg, len(datasets["train"]))
-    return train_and_finish(cfg, ctx, drafter, head_weight, source, validation, total_steps, out_dir)
+    return train_and_finish(start_job(cfg, ctx, drafter, head_weight, source, validation, total_steps, out_dir))

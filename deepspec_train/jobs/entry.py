@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from collections.abc import Callable
 
 from deepspec_train.config.loader import ConfigError, available_recipes, recipe_dirs, resolved_yaml
 from deepspec_train.validation import load_recipe
@@ -103,14 +104,8 @@ def _train_from_command_line(argv: list[str]) -> int:
         print(resolved_yaml(cfg), end="")
         return 0
     from deepspec_train.jobs.run import run_training
-    from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted
 
-    try:
-        run_training(cfg)
-    except Preempted:
-        # Logged once by the rank that wrote the checkpoint (``training.preemption``).
-        return PREEMPTED_EXIT_CODE
-    return 0
+    return _until_preempted(lambda: run_training(cfg))
 
 
 def _train_groups(argv: list[str], dry_run: bool) -> int:
@@ -125,10 +120,17 @@ def _train_groups(argv: list[str], dry_run: bool) -> int:
         print(dry_run_text(groups), end="")
         return 0
     from deepspec_train.jobs.grouped_colocated import run_drafter_groups
+
+    return _until_preempted(lambda: run_drafter_groups(groups))
+
+
+def _until_preempted(train: Callable[[], object]) -> int:
+    """Run ``train``; exit status 0, or ``PREEMPTED_EXIT_CODE`` when it stopped at a preemption signal after its
+    checkpoint (logged once by the rank that wrote it, ``training.preemption``)."""
     from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted
 
     try:
-        run_drafter_groups(groups)
+        train()
     except Preempted:
         return PREEMPTED_EXIT_CODE
     return 0

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    chunk_builder, load_token_datasets, total_steps_for, train_and_finish, train_plan, validation_plan,
+    chunk_builder, load_token_datasets, start_job, total_steps_for, train_and_finish, train_plan, validation_plan,
 )
 from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.registry import kind_spec
@@ -160,4 +160,5 @@ def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, ou
     drafter, head_weight = build_drafter_from_files(cfg, source.plan.token_counts, ctx.device)
     initialise_from(drafter, cfg)
     validation = source.validation_batches if source.plan.has_validation else None
-    return train_and_finish(cfg, ctx, drafter, head_weight, source, validation, source.plan.total_steps, out_dir)
+    job = start_job(cfg, ctx, drafter, head_weight, source, validation, source.plan.total_steps, out_dir)
+    return train_and_finish(job)

@@ -13,16 +13,13 @@ zero, so the start drafts like the DFlash restricted to its top-K. It exports in
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig, RecipeConfig
 from deepspec_train.kinds.dflash2_layout import DFLASH2_LAYOUT
 from deepspec_train.kinds.parallel import DFLASH
-from deepspec_train.kinds.spec import (
-    CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, WarmStart, layer_stack_flops, unused_settings,
-)
+from deepspec_train.kinds.spec import CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, WarmStart, unused_settings
 from deepspec_train.models.geometry import DrafterGeometry
 from deepspec_train.serving_kernels import dflash2_round
 
@@ -84,25 +81,6 @@ def _frozen_heads(embed: torch.Tensor, lm_head: torch.Tensor,
     return {"embed_tokens.weight": embed, "lm_head.weight": lm_head}
 
 
-@functools.lru_cache(maxsize=16)
-def _block_decay_weights(block_size: int, gamma_decay: float) -> torch.Tensor:
-    """DFlash's slot weights ``exp(-k / gamma_decay)``, once per run (callers never write into the tensor)."""
-    import torch
-
-    from deepspec_train.losses.position_weights import decay_weights
-
-    return decay_weights(torch.arange(block_size), gamma_decay)
-
-
-def _slot_weights(module: nn.Module, cfg: RecipeConfig) -> torch.Tensor:
-    return _block_decay_weights(cfg.drafter.block_size, cfg.loss.gamma_decay)
-
-
-def _loss_inputs(module: nn.Module, output: DrafterOutput, cfg: RecipeConfig) -> LossInputs:
-    weights = _slot_weights(module, cfg).to(output.slot_index.device)[output.slot_index]
-    return LossInputs(weights, None, None)
-
-
 def predecessor_tokens(batch: PackedBatch) -> torch.Tensor:
     """``[Nb, B]``: the true token before the one slot ``j`` predicts under z-lab labels, ``x_{a+j-1}`` (the anchor
     for slot 1; slot 0 predicts nothing and gets the anchor too)."""
@@ -118,7 +96,7 @@ def _extra_loss(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cf
 
     supervised = batch.supervised_mask
     rows = SelectorRows(output.hidden, module.lm_head.weight, predecessor_tokens(batch)[supervised],
-                        batch.labels[supervised], _loss_inputs(module, output, cfg).weights)
+                        batch.labels[supervised], DFLASH.loss_inputs(module, output, cfg).weights)
     drafter = cfg.drafter
     return selector_loss(rows, module.candidate_selector, drafter.selector_top_k, drafter.selector_loss_weight,
                          cfg.loss.temperature, normalizer, cfg.loss.chunk_size).loss
@@ -133,10 +111,6 @@ def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
     return DFlash2BlockDrafter(module, labels)
 
 
-def _sequential_passes(cfg: DrafterConfig) -> int:
-    return cfg.num_layers
-
-
 def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], supervised: int) -> float:
     """DFlash's FLOPs (``kinds.parallel``) plus, per block slot and layer, the two convolutions' kernel
     projections (forward + backward), and per supervised slot the candidates' head logits (forward), the selector's
@@ -144,11 +118,9 @@ def _flops(cfg: RecipeConfig, geometry: DrafterGeometry, anchors: list[int], sup
     d, block, vocab = geometry.hidden_size, cfg.drafter.block_size, geometry.vocab_size
     taps, group = cfg.drafter.conv_kernel_size, cfg.drafter.conv_group_size
     rank, top_k = cfg.drafter.selector_rank, cfg.drafter.selector_top_k
-    visible = sum((a + block) * block for a in anchors)
-    heads = supervised * (2 * 2 * d * vocab + 2 * d * vocab)
     convs = 3 * 2 * 2 * d * (2 * taps * (d // max(group, 1))) * cfg.drafter.num_layers * len(anchors) * block
     selector = supervised * (2 * d * vocab + 3 * 2 * (d * rank + top_k * (d + rank)))
-    return layer_stack_flops(cfg, geometry, anchors, d, visible, heads) + convs + selector
+    return DFLASH.flops_per_sequence(cfg, geometry, anchors, supervised) + convs + selector
 
 
 def _layouts(labels: str) -> tuple[str, ...]:
@@ -174,10 +146,11 @@ DFLASH2 = DrafterKind(
     build_from_state=_build_from_state,
     complete_state=_complete_state,
     frozen_head_state=_frozen_heads,
-    slot_weights=_slot_weights,
-    loss_inputs=_loss_inputs,
+    # DFlash's slot weights, loss inputs and depth: the convolutions and the selector change none of them.
+    slot_weights=DFLASH.slot_weights,
+    loss_inputs=DFLASH.loss_inputs,
     block_drafter=_block_drafter,
-    sequential_passes=_sequential_passes,
+    sequential_passes=DFLASH.sequential_passes,
     flops_per_sequence=_flops,
     serving_round=dflash2_round,
     layouts=_layouts,

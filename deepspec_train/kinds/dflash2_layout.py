@@ -28,29 +28,23 @@ target's LM head.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig
-from deepspec_train.families.records import BLOCK_CAPTURE
 from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
-from deepspec_train.kinds.engine_reading import (
-    EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
-)
+from deepspec_train.kinds.engine_reading import EngineReading, ServePaths, TargetFacts
 from deepspec_train.kinds.layout_checks import (
     ConfigCheck, Geometry, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
 from deepspec_train.kinds.layout_spec import (
-    ExportReading, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section, published_as_is,
-    stacked_depth,
+    ExportReading, WrittenDrafter, holds_any, no_companion_files, no_readme_section,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
-
-if TYPE_CHECKING:
-    from torch import nn
+from deepspec_train.kinds.parallel_engine_readers import BlockServing, always_served, block_layout_engines
+from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT, sglang_serve, vllm_serve
 
 NAME = "dflash2"
-_FROM_TARGET = ("embed_tokens.weight", "lm_head.weight")
 # The DFlash2 keys of ``dflash_config``, each an integer >= 1 (vLLM indexes them without a default).
 SETTINGS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 _CONVS = ("attention_conv", "mlp_conv")
@@ -127,10 +121,6 @@ def _check(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     return dflash2_tensors(g, num_layers, len(layer_ids), settings)
 
 
-def _taps(config: Mapping[str, Any]) -> list[int]:
-    return list(config["dflash_config"]["target_layer_ids"])
-
-
 def _read(config: Mapping[str, Any]) -> ExportReading:
     dflash = config["dflash_config"]
     drafter = DrafterConfig(
@@ -138,13 +128,9 @@ def _read(config: Mapping[str, Any]) -> ExportReading:
         labels=ZLAB_LABELS, mask_token_id=dflash["mask_token_id"], intermediate_size=config["intermediate_size"],
         **{name: dflash[name] for name in SETTINGS},
     )
-    return ExportReading(drafter=drafter, target_layer_ids=_taps(config),
+    return ExportReading(drafter=drafter, target_layer_ids=ZLAB_DFLASH_LAYOUT.taps(config),
                          num_target_layers=config["num_target_layers"], mask_token_id=dflash["mask_token_id"],
                          confidence_temperatures=None)
-
-
-def _served(config: Mapping[str, Any]) -> Optional[str]:
-    return None
 
 
 def _shared_problems(reading: EngineReading, config: Mapping[str, Any]) -> None:
@@ -161,9 +147,8 @@ def _shared_problems(reading: EngineReading, config: Mapping[str, Any]) -> None:
 def _vllm_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
                 paths: ServePaths) -> None:
     _shared_problems(reading, config)
+    vllm_serve(reading, config, tensors, target, paths)
     block = int(config.get("block_size", 0))
-    spec = {"method": "dflash", "model": paths.export, "num_speculative_tokens": block - 1}
-    reading.serve_commands.append(f"vllm serve {paths.target} --speculative-config {speculative_config(spec)}")
     reading.notes.append("vLLM serves DFlash2 on its V2 model runner only, and sizes the convolutions from "
                          f"num_speculative_tokens + 1, so keep num_speculative_tokens = {block - 1}")
 
@@ -180,30 +165,21 @@ def _sglang_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Ma
     if config.get("target_hidden_size", hidden) != hidden:
         reading.problems.append("target_hidden_size differs from hidden_size: SGLang sizes fc from hidden_size and "
                                 "refuses the stored fc.weight")
-    block = int(config.get("block_size", 0))
-    reading.serve_commands.append(f"{sglang_launch(paths, 'DFLASH')} --speculative-num-draft-tokens {block}")
+    sglang_serve(reading, config, tensors, target, paths)
 
 
-def _unwritten(module: "nn.Module") -> frozenset[str]:
-    return frozenset(_FROM_TARGET)
-
-
-DFLASH2_LAYOUT = ServingLayout(
+# z-lab's DFlash layout with the DFlash2 keys, tensors and engine rules: the same capture, target-held tensors, taps
+# and publishing.
+DFLASH2_LAYOUT = dataclasses.replace(
+    ZLAB_DFLASH_LAYOUT,
     name=NAME,
     architecture="DFlash2DraftModel",
     holds=holds_any,
-    capture=BLOCK_CAPTURE,
-    from_target=_FROM_TARGET,
-    copies_target_heads=False,
-    carries_temperatures=False,
-    unwritten=_unwritten,
-    depth=stacked_depth,
     fields=_fields,
     check=_check,
-    taps=_taps,
     read=_read,
-    engines=block_layout_engines(NAME, BlockServing(_served, _vllm_serve), BlockServing(_served, _sglang_serve)),
-    complete_published=published_as_is,
+    engines=block_layout_engines(NAME, BlockServing(always_served, _vllm_serve),
+                                 BlockServing(always_served, _sglang_serve)),
     target_vocab_tensors=("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"),
     companion_files=no_companion_files,
     readme_section=no_readme_section,

@@ -33,6 +33,11 @@ def layers_as_configured(engine: str, config: Config, tensors: Config) -> list[s
     return layer_config_problems(engine, config, tensors)
 
 
+def always_served(config: Config) -> Optional[str]:
+    """``BlockServing.unserved`` of a layout the engine serves whatever its config holds."""
+    return None
+
+
 @dataclass(frozen=True)
 class BlockServing:
     """One engine's view of one block-drafter layout: ``unserved(config)`` says why the engine does not serve an

@@ -26,7 +26,7 @@ from deepspec_train.kinds.layout_checks import (
 from deepspec_train.kinds.layout_spec import (
     ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, published_as_is, stacked_depth,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
+from deepspec_train.kinds.parallel_engine_readers import BlockServing, always_served, block_layout_engines
 
 if TYPE_CHECKING:
     from torch import nn
@@ -85,19 +85,17 @@ def _read(config: Mapping[str, Any]) -> ExportReading:
     )
 
 
-def _served(config: Mapping[str, Any]) -> Optional[str]:
-    return None
-
-
-def _vllm_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
-                paths: ServePaths) -> None:
+def vllm_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
+               paths: ServePaths) -> None:
+    """vLLM's serve line of a 1 + N block layout (this one and DFlash2's): ``dflash``, ``block_size - 1`` drafts."""
     block = int(config.get("block_size", 0))
     spec = {"method": "dflash", "model": paths.export, "num_speculative_tokens": block - 1}
     reading.serve_commands.append(f"vllm serve {paths.target} --speculative-config {speculative_config(spec)}")
 
 
-def _sglang_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
-                  paths: ServePaths) -> None:
+def sglang_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
+                 paths: ServePaths) -> None:
+    """SGLang's serve line of a 1 + N block layout (this one and DFlash2's): ``DFLASH`` with the whole block."""
     block = int(config.get("block_size", 0))
     reading.serve_commands.append(f"{sglang_launch(paths, 'DFLASH')} --speculative-num-draft-tokens {block}")
 
@@ -154,7 +152,8 @@ ZLAB_DFLASH_LAYOUT = ServingLayout(
     check=_check,
     taps=_taps,
     read=_read,
-    engines=block_layout_engines(NAME, BlockServing(_served, _vllm_serve), BlockServing(_served, _sglang_serve)),
+    engines=block_layout_engines(NAME, BlockServing(always_served, vllm_serve),
+                                 BlockServing(always_served, sglang_serve)),
     complete_published=published_as_is,
     target_vocab_tensors=(),
     companion_files=_companion_files,

@@ -31,6 +31,7 @@ What a round costs is what a serving engine would spend, for both kinds:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Callable, Optional, Protocol
 
@@ -127,8 +128,15 @@ def sample_tokens(probs: torch.Tensor, temperature: float, generator: Optional[t
     return index.squeeze(1).clamp(max=probs.shape[-1] - 1)
 
 
-class ParallelBlockDrafter:
-    """DSpark / DFlash drafting: one backbone pass, then sequential Markov sampling (see the module docstring)."""
+def check_num_tokens(num_tokens: int, max_block_size: int) -> None:
+    """Refuse a request for ``num_tokens`` drafts from a drafter that drafts ``1..max_block_size`` per block."""
+    if not 1 <= num_tokens <= max_block_size:
+        raise ValueError(f"this drafter drafts 1..{max_block_size} tokens per block, asked {num_tokens}")
+
+
+class BackboneBlockDrafter(ABC):
+    """What every drafter with a parallel backbone (``ParallelDrafter`` and its subclasses) drafts from: the label
+    convention's first drafted slot and one backbone pass over ``[x_a, MASK, ...]`` per anchor."""
 
     def __init__(self, module: ParallelDrafter, labels: str = DSPARK_LABELS) -> None:
         if labels not in LABEL_CONVENTIONS:
@@ -137,6 +145,22 @@ class ParallelBlockDrafter:
         # z-lab labels: slot 0 holds the anchor and predicts nothing, so drafts come from slots 1..B-1.
         self.slot_offset = 1 if labels == ZLAB_LABELS else 0
         self.max_block_size = module.block_size - self.slot_offset
+
+    def _block_states(self, context: DraftContext, anchors: torch.Tensor) -> torch.Tensor:
+        """The backbone's states ``[n, B, d]`` of the blocks ``[anchor, MASK, ...]`` of ``anchors [n]`` after
+        ``context`` (its keys / values kept across rounds in ``context.cache`` where they can be)."""
+        module = self.module
+        positions = torch.arange(context.anchor_position, device=context.features.device)
+        # Dynamic RoPE scaling rotates every key for this round's length (a + B): nothing is kept across rounds.
+        dynamic = module.rotary.dynamic
+        seq_len = context.anchor_position + module.block_size if dynamic else 0
+        kv = context_kv(context, module, context.anchor_position,
+                        lambda s, e: module.context_kv(context.features[s:e], positions[s:e], seq_len),
+                        cacheable=not dynamic)
+        block_input = torch.full((anchors.numel(), module.block_size), module.mask_token_id, dtype=torch.long,
+                                 device=anchors.device)
+        block_input[:, 0] = anchors
+        return module.decode_states(block_input, context.anchor_position, kv)
 
     @torch.no_grad()
     def draft(
@@ -147,23 +171,25 @@ class ParallelBlockDrafter:
         temperature: float,
         generator: Optional[torch.Generator] = None,
     ) -> DraftBlock:
-        if not 1 <= num_tokens <= self.max_block_size:
-            raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
+        check_num_tokens(num_tokens, self.max_block_size)
+        return self._draft(context, anchor_tokens, num_tokens, temperature, generator)
+
+    @abstractmethod
+    def _draft(self, context: DraftContext, anchor_tokens: torch.Tensor, num_tokens: int, temperature: float,
+               generator: Optional[torch.Generator]) -> DraftBlock:
+        """``draft`` once the request is checked: the kind's sampling after ``_block_states``."""
+
+
+class ParallelBlockDrafter(BackboneBlockDrafter):
+    """DSpark / DFlash drafting: one backbone pass, then sequential Markov sampling (see the module docstring)."""
+
+    def _draft(self, context: DraftContext, anchor_tokens: torch.Tensor, num_tokens: int, temperature: float,
+               generator: Optional[torch.Generator]) -> DraftBlock:
         module = self.module
-        positions = torch.arange(context.anchor_position, device=context.features.device)
-        # Dynamic RoPE scaling rotates every key for this round's length (a + B): nothing is kept across rounds.
-        dynamic = module.rotary.dynamic
-        seq_len = context.anchor_position + module.block_size if dynamic else 0
-        kv = context_kv(context, module, context.anchor_position,
-                        lambda s, e: module.context_kv(context.features[s:e], positions[s:e], seq_len),
-                        cacheable=not dynamic)
         # Rows with the same anchor share the backbone pass: only the Markov sampling differs between them.
         many = anchor_tokens.numel() > 1
         anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True) if many else (anchor_tokens, None)
-        block_input = torch.full((anchors.numel(), module.block_size), module.mask_token_id, dtype=torch.long,
-                                 device=anchors.device)
-        block_input[:, 0] = anchors
-        hidden = module.decode_states(block_input, context.anchor_position, kv)
+        hidden = self._block_states(context, anchors)
         if many:
             hidden = hidden[row_anchor]
         hidden = hidden[:, self.slot_offset : self.slot_offset + num_tokens]
@@ -216,8 +242,7 @@ class Eagle3BlockDrafter:
         temperature: float,
         generator: Optional[torch.Generator] = None,
     ) -> DraftBlock:
-        if not 1 <= num_tokens <= self.max_block_size:
-            raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
+        check_num_tokens(num_tokens, self.max_block_size)
         if context.anchor_position < 1:
             raise ValueError("EAGLE-3 needs the target feature at position a-1: the anchor cannot be position 0")
         # Each row is its own block in the module's dense step mask, which grows as rows^2: draft in groups.

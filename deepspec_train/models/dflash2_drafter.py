@@ -24,17 +24,14 @@ DFlash logits.
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask
 
 from deepspec_train.config.schema import DrafterConfig
-from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.geometry import DrafterGeometry
-from deepspec_train.models.parallel_drafter import INIT_STD, ParallelDecoderLayer, ParallelDrafter, _Rotary
-from deepspec_train.models.qwen3_layers import AttentionBackend
+from deepspec_train.models.parallel_drafter import ATTENTION_BRANCH, INIT_STD, ParallelDecoderLayer, ParallelDrafter
 
 # The two convolutions of a sublayer: 0 on its (normed) input, 1 on its output.
 SIDES = 2
@@ -96,20 +93,11 @@ class DFlash2DecoderLayer(ParallelDecoderLayer):
         self.attention_conv = GroupedDynamicConv(geometry.hidden_size, taps, group_size, block_size)
         self.mlp_conv = GroupedDynamicConv(geometry.hidden_size, taps, group_size, block_size)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        ctx: Optional[torch.Tensor],
-        rotary: _Rotary,
-        mask: Union[torch.Tensor, BlockMask, None],
-        backend: AttentionBackend,
-        compiled: bool,
-        ctx_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
-    ) -> torch.Tensor:
-        h, delta = self.attention_conv.prepare(self.input_layernorm(x))
-        x = x + self.attention_conv.finish(self.self_attn(h, ctx, rotary, mask, backend, compiled, ctx_kv), delta)
-        h, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x))
-        return x + self.mlp_conv.finish(self.mlp(h), delta)
+    def branch(self, index: int, h: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The sublayer between its branch's two convolutions (see the module docstring)."""
+        conv = self.attention_conv if index == ATTENTION_BRANCH else self.mlp_conv
+        h, delta = conv.prepare(h)
+        return conv.finish(sublayer(h), delta)
 
 
 class CandidateSelector(nn.Module):
@@ -142,15 +130,10 @@ class CandidateSelector(nn.Module):
 class DFlash2Drafter(ParallelDrafter):
     """DFlash2: ``ParallelDrafter`` (Markov and confidence heads off) with convolved layers and a selector."""
 
-    def __init__(
-        self,
-        geometry: DrafterGeometry,
-        drafter_cfg: DrafterConfig,
-        target_layer_ids: list[int],
-        draft_vocab: Optional[DraftVocab] = None,
-    ) -> None:
-        if drafter_cfg.markov_rank or drafter_cfg.confidence_head or draft_vocab is not None:
-            raise ValueError("a DFlash2 drafter has no Markov head, no confidence head and no draft vocabulary")
+    def __init__(self, geometry: DrafterGeometry, drafter_cfg: DrafterConfig, target_layer_ids: list[int]) -> None:
+        # No draft vocabulary either: the parent is built without one (the selector ranks the target's tokens).
+        if drafter_cfg.markov_rank or drafter_cfg.confidence_head:
+            raise ValueError("a DFlash2 drafter has no Markov head and no confidence head")
         super().__init__(geometry, drafter_cfg, target_layer_ids)
         taps, group = drafter_cfg.conv_kernel_size, drafter_cfg.conv_group_size
         self.layers = nn.ModuleList(

@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from deepspec_train.config.schema import DSPARK_LABELS, LABEL_CONVENTIONS, ZLAB_LABELS
-from deepspec_train.models.block_drafting import DraftBlock, DraftContext, context_kv, sample_tokens
+from deepspec_train.config.schema import ZLAB_LABELS
+from deepspec_train.models.block_drafting import BackboneBlockDrafter, DraftBlock, DraftContext, sample_tokens
 from deepspec_train.models.dflash2_drafter import DFlash2Drafter
 from deepspec_train.models.sampling import probs_from_logits
 
@@ -50,42 +50,18 @@ def walk_lattice(ids: torch.Tensor, scores: torch.Tensor, vocab_size: int, tempe
     return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
 
-class DFlash2BlockDrafter:
+class DFlash2BlockDrafter(BackboneBlockDrafter):
     """DFlash2 drafting: one backbone pass, then the selector's walk (see the module docstring)."""
 
     def __init__(self, module: DFlash2Drafter, labels: str = ZLAB_LABELS) -> None:
-        if labels not in LABEL_CONVENTIONS:
-            raise ValueError(f"unknown label convention {labels!r}")
-        self.module = module
-        # z-lab labels: slot 0 holds the anchor (the bonus token) and predicts nothing.
-        self.slot_offset = 0 if labels == DSPARK_LABELS else 1
-        self.max_block_size = module.block_size - self.slot_offset
+        super().__init__(module, labels)
 
-    @torch.no_grad()
-    def draft(
-        self,
-        context: DraftContext,
-        anchor_tokens: torch.Tensor,
-        num_tokens: int,
-        temperature: float,
-        generator: Optional[torch.Generator] = None,
-    ) -> DraftBlock:
-        if not 1 <= num_tokens <= self.max_block_size:
-            raise ValueError(f"this drafter drafts 1..{self.max_block_size} tokens per block, asked {num_tokens}")
+    def _draft(self, context: DraftContext, anchor_tokens: torch.Tensor, num_tokens: int, temperature: float,
+               generator: Optional[torch.Generator]) -> DraftBlock:
         module = self.module
-        positions = torch.arange(context.anchor_position, device=context.features.device)
-        dynamic = module.rotary.dynamic
-        seq_len = context.anchor_position + module.block_size if dynamic else 0
-        kv = context_kv(context, module, context.anchor_position,
-                        lambda s, e: module.context_kv(context.features[s:e], positions[s:e], seq_len),
-                        cacheable=not dynamic)
         # Rows with the same anchor share the backbone pass and the lattice: only the walk differs between them.
         anchors, row_anchor = torch.unique(anchor_tokens, return_inverse=True)
-        block_input = torch.full((anchors.numel(), module.block_size), module.mask_token_id, dtype=torch.long,
-                                 device=anchors.device)
-        block_input[:, 0] = anchors
-        hidden = module.decode_states(block_input, context.anchor_position, kv)
-        hidden = hidden[:, self.slot_offset : self.slot_offset + num_tokens]
+        hidden = self._block_states(context, anchors)[:, self.slot_offset : self.slot_offset + num_tokens]
         ids, scores = selector_lattice(module, hidden, anchors)
         tokens, probs = walk_lattice(ids[row_anchor], scores[row_anchor], module.lm_head.weight.shape[0],
                                      temperature, generator)

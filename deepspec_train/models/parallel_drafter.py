@@ -26,7 +26,7 @@ the slot it samples (``models.block_drafting``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,8 @@ from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
 
 INIT_STD = 0.02
+# The residual branches of a decoder layer, in order (``ParallelDecoderLayer.branch``).
+ATTENTION_BRANCH, MLP_BRANCH = 0, 1
 
 
 @dataclass
@@ -136,8 +138,14 @@ class ParallelDecoderLayer(nn.Module):
         ctx_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
         # H_ctx is already normed by hidden_norm; only the block stream gets the layer's input norm.
-        x = x + self.self_attn(self.input_layernorm(x), ctx, rotary, mask, backend, compiled, ctx_kv)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.branch(ATTENTION_BRANCH, self.input_layernorm(x),
+                            lambda h: self.self_attn(h, ctx, rotary, mask, backend, compiled, ctx_kv))
+        return x + self.branch(MLP_BRANCH, self.post_attention_layernorm(x), self.mlp)
+
+    def branch(self, index: int, h: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Residual branch ``index`` (``ATTENTION_BRANCH`` or ``MLP_BRANCH``) on its normed input ``h``: the
+        sublayer alone here; a subclass may wrap it (DFlash2's convolutions, ``models.dflash2_drafter``)."""
+        return sublayer(h)
 
 
 class MarkovHead(nn.Module):

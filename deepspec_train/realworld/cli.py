@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deepspec_train.errors import exit_on_user_error
+from deepspec_train.errors import run_verb
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +73,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deepspec realworld", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return exit_on_user_error(lambda: run(args))
+    return run_verb("deepspec realworld", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

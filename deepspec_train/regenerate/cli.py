@@ -29,7 +29,7 @@ from pathlib import Path
 
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
-from deepspec_train.errors import UserError, exit_on_user_error
+from deepspec_train.errors import UserError, run_verb
 from deepspec_train.output_paths import ensure_output_file
 from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
 from deepspec_train.regenerate.backend import ChatBackend
@@ -163,10 +163,7 @@ def record_settings(args: argparse.Namespace, sampling: SamplingParams, backend:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deepspec regenerate", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return exit_on_user_error(lambda: run(args))
+    return run_verb("deepspec regenerate", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":

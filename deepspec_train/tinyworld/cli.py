@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deepspec_train.errors import UserError, exit_on_user_error
+from deepspec_train.errors import UserError, run_verb
 from deepspec_train.output_paths import ensure_output_dir
 from deepspec_train.tinyworld.presets import PRESETS
 
@@ -57,10 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="deepspec tinyworld", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return exit_on_user_error(lambda: run(args))
+    return run_verb("deepspec tinyworld", __doc__.splitlines()[0], add_arguments, run, argv)
 
 
 if __name__ == "__main__":
