@@ -7,9 +7,11 @@ judged on GSM8K test and HumanEval with the exact speculative decoder.
 
 1. Prepares the suites with ``deepspec suites prepare`` from ``--datasets`` (default ``../shared/datasets``):
    GSM8K test and HumanEval, ``--prompts`` of each drawn as DeepSpec draws them. Nothing is tuned on them.
-2. Trains ``smollm2-135m-dspark``, ``-dflash`` and ``-eagle3`` for every training seed (``run.seed`` fixes the
-   data order and anchors, so the three kinds of one seed see the same data in the same order) with one budget
-   (``--steps``), on the regenerated conversations in ``--data`` (``train.jsonl``, ``validation.jsonl``).
+2. Trains ``smollm2-135m-dspark``, ``-dflash`` and ``-eagle3`` for every training seed as drafter groups over one
+   target pass (``bench/group_training.py``: ``train.py recipe=smollm2-135m-dspark compare=[...] seeds=N``; the
+   seeds differ in initialisation and anchors, every group trains on the same data in the same order) with one
+   budget (``--steps``), on the regenerated conversations in ``--data`` (``train.jsonl``, ``validation.jsonl``);
+   ``--train-jobs J`` splits the kinds over J commands side by side.
 3. Exactness: for every drafter, greedy speculative decoding of ``--exactness-prompts`` prompts equals the
    target's ``generate(do_sample=False)``, token for token (the script stops if not); at T = 1 the first token of
    ``--distribution-samples`` speculative rounds follows the target's law (``bench/first_token_law.py``, the
@@ -20,7 +22,8 @@ judged on GSM8K test and HumanEval with the exact speculative decoder.
    (``evaluation.seed_bootstrap``), and the modeled speedup of the kinds' production counterparts
    (``bench/modeled_speedup.py``: the same structure at Qwen3-8B widths on an H200, batch 1 and 32).
 
-Writes ``OUT/realworld.md`` and ``OUT/realworld.json``; each run's directory is ``OUT/seed-S/RECIPE``.
+Writes ``OUT/realworld.md`` and ``OUT/realworld.json``; each run's directory is ``OUT/groups/RECIPE-seedS``
+(listed in ``OUT/groups.json``).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.first_token_law import first_token_law  # noqa: E402
 from bench.modeled_speedup import modeled_cost, speedup_ratios, trained_settings  # noqa: E402
-from bench.quality import train_all  # noqa: E402
+from bench.group_training import TrainingPlan, plan_training, train_all  # noqa: E402
 from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
     BenchDrafter, DecodeSettings, decode_interleaved, markdown, ratio_cell, totals_by_category,
 )
@@ -68,7 +71,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the recipes')")
     p.add_argument("--override-all", action="append", default=[], metavar="KEY=VALUE",
                    help="a recipe override for every run (the shared budget and data); repeatable")
-    p.add_argument("--reuse", action="store_true", help="decode OUT/seed-S/RECIPE/drafter when it exists")
+    p.add_argument("--reuse", action="store_true",
+                   help="do not train a kind whose every training seed has OUT/groups/RECIPE-seedS/drafter")
     p.add_argument("--prompts", type=int, default=40, help="prompts drawn from each suite (default 40)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--sampling-seeds", type=int, default=2, help="sampling seeds at T > 0, pooled per prompt")
@@ -78,7 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="first rounds of the T = 1 first-token law test per drafter (0: skip)")
     p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates")
     p.add_argument("--decode-workers", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--train-jobs", type=int, default=1, help="runs trained at the same time")
+    p.add_argument("--train-jobs", type=int, default=1,
+                   help="grouped training commands run at the same time, the kinds split between them (default 1)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -102,22 +107,18 @@ def run_name(recipe: str, seed: int) -> str:
     return f"{recipe}@s{seed}"
 
 
-def train_commands(args: argparse.Namespace, out: Path, data: Path, target: Path) -> dict[str, list[str]]:
+def training_plan(args: argparse.Namespace, out: Path, data: Path, target: Path) -> TrainingPlan:
+    """Every kind x training seed as a drafter group, on the regenerated data with one budget."""
     steps = [] if args.steps is None else [f"train.max_steps={args.steps}", f"train.eval_every={args.steps}",
                                            f"train.checkpoint_every={args.steps}"]
-    commands = {}
-    for seed in range(args.training_seeds):
-        for recipe in RECIPES:
-            run_dir = out / f"seed-{seed}" / recipe
-            if args.reuse and (run_dir / "drafter").is_dir():
-                continue
-            commands[run_name(recipe, seed)] = [
-                sys.executable, str(REPO / "train.py"), f"recipe={recipe}", f"target.path={target}",
-                f"data.train=[{data / 'train.jsonl'}]", f"data.validation=[{data / 'validation.jsonl'}]",
-                f"data.cache_dir={out / 'cache'}", f"run.output_dir={run_dir}", f"run.seed={seed}",
-                "run.overwrite=true", "logging.wandb=false", f"logging.progress={str(not args.no_progress).lower()}",
-                *steps, *args.override_all]
-    return commands
+    shared = [f"target.path={target}", f"data.train=[{data / 'train.jsonl'}]",
+              f"data.validation=[{data / 'validation.jsonl'}]", f"data.cache_dir={out / 'cache'}",
+              "logging.wandb=false", f"logging.progress={str(not args.no_progress).lower()}", *steps,
+              *args.override_all]
+    plan = plan_training(list(RECIPES), args.training_seeds, shared, {}, out, args.train_jobs, args.reuse)
+    for note in plan.notes:
+        print(note, flush=True)
+    return plan
 
 
 def check_exactness(target, tokenizer, drafters: list[BenchDrafter], suites: list[Suite], count: int,
@@ -182,7 +183,7 @@ def tables_at(temperature: float, rows, args: argparse.Namespace, factors) -> tu
     for pair, goal in GOALS.items():
         g = ratios[pair]["geomean"]
         met = g.value >= goal and g.excludes_one()
-        lines.append(f"- {pair[0]} / {pair[1]}: geomean {g.value:.3f} [{g.low:.3f}, {g.high:.3f}]; goal >= {goal} "
+        lines.append(f"- {pair[0]} / {pair[1]} ({args.training_seeds} training seed(s) each): geomean {g.value:.3f} [{g.low:.3f}, {g.high:.3f}]; goal >= {goal} "
                      f"with the interval excluding 1: {'met' if met else 'not met'}")
     report = {"tau": taus,
               "ratios": {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()} for (a, b), per in ratios.items()},
@@ -200,38 +201,41 @@ def main(argv: list[str]) -> int:
             raise SystemExit(f"{needed}: missing (docs/howto/real_model.md builds the target and its data)")
     out.mkdir(parents=True, exist_ok=True)
     suites = prepare_suites(args, out)
-    train_seconds = train_all(train_commands(args, out, data, target_path), args.train_jobs, out)
+    plan = training_plan(args, out, data, target_path)
+    train_seconds = train_all(plan.commands, args.train_jobs, out)
+    plan.write_record()
     trained_at = time.time()
 
     torch.set_num_threads(1)
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    drafters = [BenchDrafter.of(run_name(r, s), load_exported_drafter(out / f"seed-{s}" / r / "drafter",
+    drafters = [BenchDrafter.of(run_name(r, s), load_exported_drafter(plan.run_dir(r, s) / "drafter",
                                                                       str(target_path)))
                 for s in range(args.training_seeds) for r in RECIPES]
     checked = check_exactness(target, tokenizer, drafters, suites, args.exactness_prompts, args.new_tokens)
-    costs = {r: modeled_cost(r, *trained_settings(out / "seed-0" / r / "drafter")) for r in RECIPES}
+    costs = {r: modeled_cost(r, *trained_settings(plan.run_dir(r, 0) / "drafter")) for r in RECIPES}
     factors = {b: {r: costs[r].times[b].speedup_per_token for r in RECIPES} for b in REPORT_BATCHES}
 
     prompts = ", ".join(f"{s.name} {len(s.prompts)}" for s in suites)
     text = [f"# SmolLM2-135M-Instruct: DSpark against EAGLE-3 and DFlash ({args.training_seeds} training seed(s) "
             f"per kind, {args.steps or 'recipe'} steps; {prompts} prompts; {args.new_tokens} new tokens)", "",
             f"Exactness: greedy speculative decoding equals generate(do_sample=False) for {checked} "
-            "(drafter, prompt) pairs.", ""]
+            "(drafter, prompt) pairs.", "", *plan.notes]
     if args.distribution_samples:
         first_seed = [d for d in drafters if d.name.endswith("@s0")]
         text += [f"T = 1 distribution test ({suites[0].name}'s first prompt):",
                  *distribution_lines(target, tokenizer, first_seed, suites[0], args.distribution_samples), ""]
-    report: dict = {"settings": vars(args), "train_seconds": train_seconds, "exactness_pairs": checked,
-                    "temperatures": {}}
+    report: dict = {"settings": vars(args), "training_seeds": args.training_seeds, "train_seconds": train_seconds,
+                    "training_notes": plan.notes, "exactness_pairs": checked, "temperatures": {}}
     for temperature in args.temperatures:
         seeds = tuple(range(args.sampling_seeds)) if temperature > 0 else (0,)
         settings = DecodeSettings(temperature, seeds, args.new_tokens)
         rows = decode_interleaved(target, tokenizer, drafters, suites, settings, not args.no_progress,
                                   workers=args.decode_workers)
         table, report["temperatures"][f"{temperature:g}"] = tables_at(temperature, rows, args, factors)
-        text += [f"## T = {temperature:g} ({len(seeds)} sampling seed(s); tau pooled over rounds; intervals: "
+        text += [f"## T = {temperature:g} ({len(seeds)} sampling seed(s); {args.training_seeds} training seed(s) "
+                 "behind every tau and ratio; tau pooled over rounds; intervals: "
                  "two-level bootstrap over training seeds and prompts, 95%; modeled speedup: production "
                  f"counterparts at Qwen3-8B widths on an {REPORT_GPU})", "", table, ""]
     minutes = (time.time() - started) / 60

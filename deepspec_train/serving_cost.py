@@ -14,9 +14,10 @@ Modeled speedup over plain decoding: ``tau * t_target / (t_verify + t_draft)``, 
 (bonus included), ``t_target`` one target decode step of one token, ``t_verify`` the ``K + 1``-token pass.
 
 The **production counterpart** of a drafter (issue 22's cost rule) keeps its structure (kind, layer count, Markov
-rank and head type, block size, confidence head, labels, TTT steps, number of tapped layers) and takes the widths
-of the production recipe of the same kind (``PRODUCTION_RECIPES``, Qwen3-8B: d 4,096, V 151,936, the target's MLP
-width and EAGLE-3's 32,000-token draft vocabulary).
+rank and head type, block size, confidence head, labels, TTT steps, DFlash2's convolution taps and selector
+candidates, number of tapped layers) and takes the widths of the production recipe of the same kind
+(``PRODUCTION_RECIPES``, Qwen3-8B: d 4,096, V 151,936, the target's MLP width, EAGLE-3's 32,000-token draft
+vocabulary, DFlash2's channel groups of 128 and selector rank 256).
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target
 from deepspec_train.serving_kernels import KernelGroup, RoundShape, ServingRound, target_round
 
 # The recipes whose widths a counterpart takes, one per drafter kind.
-PRODUCTION_RECIPES = ("qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3")
+PRODUCTION_RECIPES = ("qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3", "qwen3-8b-dflash2")
 # What a counterpart keeps of the drafter it mirrors; every other drafter setting is the production recipe's.
+# DFlash2's taps and candidates are structure; its channel-group size and selector rank scale with the width.
 STRUCTURE_FIELDS = (
     "kind", "num_layers", "block_size", "markov_rank", "markov_head_type", "confidence_head", "labels", "ttt_steps",
+    "conv_kernel_size", "selector_top_k",
 )
 # Context positions each request holds (the KV cache a round attends to), when not given: a chat turn's length.
 DEFAULT_CONTEXT = 1024

@@ -1,6 +1,6 @@
 """The one validation of a training recipe: its types (``config.loader``), the rules of ``config.rules``, the
 anchor rate's (``packing.anchor_counts``), the drafter kind's own rules (``kinds``) and, when asked,
-the rules that need the target's ``config.json``, after the settings a recipe leaves null are taken from the target
+the rules that need the target's ``config.json`` (the kind's too), after the settings a recipe leaves null are taken from the target
 (``config.target_tokens``).
 
 It sits above both ``config`` and ``kinds`` so that neither imports the other's rules: the kind records import
@@ -44,6 +44,8 @@ def load_recipe(name_or_path: str, overrides: list[str] | None = None, check_tar
             target_config = read_target_config(cfg.target.path)
             resolve_from_target(cfg, target_config, uses_mask_token, spec.default_taps)
             problems = target_problems(cfg, target_config, uses_mask_token)
+            if spec.target_problems is not None:
+                problems += spec.target_problems(cfg, target_config)
         except (OSError, ValueError) as exc:
             problems = [str(exc)]
     if problems:

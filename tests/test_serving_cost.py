@@ -173,6 +173,11 @@ def test_production_counterparts_keep_the_structure_and_take_the_widths() -> Non
     eagle = production_counterpart(DrafterConfig(kind="eagle3", num_layers=1, markov_rank=0, confidence_head=False),
                                    3, "tiny-eagle")
     assert eagle.drafter.draft_vocab_size == 32000 and eagle.sequential_passes() == 7
+    tiny_dflash2 = DrafterConfig(kind="dflash2", num_layers=1, block_size=5, markov_rank=0, confidence_head=False,
+                                 labels="zlab", conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=4)
+    dflash2 = production_counterpart(tiny_dflash2, 1, "tiny-dflash2").drafter
+    assert (dflash2.num_layers, dflash2.block_size, dflash2.conv_kernel_size, dflash2.selector_top_k) == (1, 5, 2, 4)
+    assert (dflash2.conv_group_size, dflash2.selector_rank) == (128, 256)
     with pytest.raises(ValueError, match="no production recipe"):
         production_counterpart(tiny, 2, "tiny", production=("qwen3-8b-eagle3",))
 

@@ -1,6 +1,7 @@
 """``deepspec eval`` comparing several drafters on the prepared benchmark suites: the Table-1 numbers against a
 brute-force recount of the traces, the W&B runs read back from their offline files, the one-line failures, and
-losslessness at T = 0 on one prompt of every suite."""
+losslessness at T = 0 on one prompt of every suite. The drafters are one of each kind (DSpark, DFlash, EAGLE-3,
+DFlash2), each drafting the same number of tokens per round (DFlash2's 1 + N block one slot longer)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ from tests.helpers.benchmark_suites import prepare_all_suites
 from tests.helpers.chat_model_drafters import drafter_recipe, load_tiny_target, random_drafter
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-KINDS = ("dspark", "dflash", "eagle3")
+KINDS = ("dspark", "dflash", "eagle3", "dflash2")
+# The drafters a table divides by the EAGLE-3 baseline, in the order they are given.
+RATIOS = tuple(kind for kind in KINDS if kind != "eagle3")
 # The paper's Table-1 order, then AIME 2024.
 SUITE_ORDER = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt-bench", "alpaca", "arena-hard",
                "aime24")
@@ -85,7 +88,7 @@ def _comparison(world, out: Path, *extra: str) -> list[str]:
     return argv + list(extra)
 
 
-def test_one_command_compares_three_drafters_on_every_suite(world, tmp_path, monkeypatch, capsys):
+def test_one_command_compares_every_kind_on_every_suite(world, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = tmp_path / "table1"
@@ -94,7 +97,7 @@ def test_one_command_compares_three_drafters_on_every_suite(world, tmp_path, mon
                        "--max-prompts", "1", "--wandb", "--wandb-group", "tiny-target", "--workers", "2")
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "| dspark / eagle3 |" in printed and "| tau dflash |" in printed
+    assert "| dspark / eagle3 |" in printed and "| dflash2 / eagle3 |" in printed and "| tau dflash2 |" in printed
     report = json.loads((out / "table1.json").read_text())
     assert [t["temperature"] for t in report["tables"]] == [1.0, 0.0]
     for table in report["tables"]:
@@ -110,17 +113,17 @@ def test_one_command_compares_three_drafters_on_every_suite(world, tmp_path, mon
                 assert table["conditional_acceptance"][kind][suite] == conditional_acceptance(mine, 4)
             results = json.loads((out / kind / f"results_{tag}.json").read_text())
             assert results["suites"]["gsm8k"]["tau"] == pytest.approx(table["tau"][kind]["gsm8k"])
-        for kind in ("dspark", "dflash"):
+        for kind in RATIOS:
             ratio = table["tau"][kind]["mbpp"] / table["tau"]["eagle3"]["mbpp"]
             assert table["ratios"][kind]["mbpp"]["value"] == pytest.approx(ratio)
         assert table["draft_cost"]["eagle3"]["sequential_layer_passes"] == 4
         # Each drafter's production counterpart is modeled from the settings its training directory records.
-        assert all(table["draft_cost"][kind]["modeled_us_h200_batch1"] > 0 for kind in ("dspark", "dflash", "eagle3"))
+        assert all(table["draft_cost"][kind]["modeled_us_h200_batch1"] > 0 for kind in KINDS)
         assert (out / f"tau_per_suite_{tag}.png").stat().st_size > 0
     assert "## T = 0 (seeds 0; baseline eagle3)" in (out / "table1.md").read_text()
 
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 3, "one W&B run per drafter"
+    assert len(runs) == len(KINDS), "one W&B run per drafter"
     for run in runs:
         log = next(run.glob("run-*.wandb"))
         # W&B's service process may still be flushing the run's protobuf log.
@@ -128,12 +131,13 @@ def test_one_command_compares_three_drafters_on_every_suite(world, tmp_path, mon
         while b"eval/T0/tau/macro_avg" not in log.read_bytes() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert b"tiny-target" in log.read_bytes() and b"eval/T0/tau/macro_avg" in log.read_bytes()
-        drafter = next(k for k in KINDS if f"eval {k}".encode() in log.read_bytes())
+        # The longest name found: "eval dflash" is also in the log of dflash2's run.
+        drafter = max((k for k in KINDS if f"eval {k}".encode() in log.read_bytes()), key=len)
         bars = json.loads(next(run.rglob("T1/tau_per_suite_table_*.table.json")).read_text())
         assert bars["columns"] == ["suite", "tau"]
         assert {s: v for s, v in bars["data"]} == pytest.approx(report["tables"][0]["tau"][drafter])
         whole = json.loads(next(run.rglob("T1/table1_*.table.json")).read_text())
-        assert [row[0] for row in whole["data"]] == [f"tau {k}" for k in KINDS] + ["dspark / eagle3", "dflash / eagle3"]
+        assert [row[0] for row in whole["data"]] == [f"tau {k}" for k in KINDS] + [f"{k} / eagle3" for k in RATIOS]
         assert list(run.rglob("T0/acceptance_curves_table_*.table.json"))
         assert list(run.rglob("tau_per_suite_T1_*.png"))
 
@@ -160,8 +164,8 @@ def test_comparison_inputs_fail_in_one_line(world, tmp_path, capsys):
 def test_greedy_decoding_of_every_suite_equals_the_target_greedy_output(world, kind):
     model, tokenizer = world["model"], world["tokenizer"]
     loaded = random_drafter(model, tokenizer, kind, seed=5)
-    decoder = SpeculativeDecoder(model, tokenizer, loaded.block_drafter(), loaded.target_layer_ids,
-                                 loaded.block_size, 0.0)
+    drafter = loaded.block_drafter()
+    decoder = SpeculativeDecoder(model, tokenizer, drafter, loaded.target_layer_ids, drafter.max_block_size, 0.0)
     for name in BENCHMARK_SUITES:
         prompt = load_suite(f"{name}={world['suites'][name]}", max_prompts=1).prompts[0]
         (turn,), _ = decoder.decode_conversation(prompt.turns, 12)
@@ -185,7 +189,7 @@ def test_old_single_drafter_invocation_still_writes_results_json(world, tmp_path
 @pytest.mark.slow
 def test_table1_on_the_tiny_world_target_from_the_shared_datasets(tiny_world, tmp_path, monkeypatch):
     """The issue's acceptance run: suites prepared from ``../shared/datasets`` (or their fixtures) and the other
-    schemas, DSpark, DFlash and EAGLE-3 for the tiny world's target, one command, intervals and W&B runs."""
+    schemas, DSpark, DFlash, EAGLE-3 and DFlash2 for the tiny world's target, one command, intervals and W&B runs."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = tiny_world / "target"
@@ -204,10 +208,10 @@ def test_table1_on_the_tiny_world_target_from_the_shared_datasets(tiny_world, tm
     assert main(_comparison(world, out, "--baseline", "eagle3", "--seed", "0", "1", "--wandb")) == 0
     table = json.loads((out / "table1.json").read_text())["tables"][0]
     assert table["suites"] == list(SUITE_ORDER) and set(table["prompts"].values()) == {2}
-    for kind in ("dspark", "dflash"):
+    for kind in RATIOS:
         for estimate in table["ratios"][kind].values():
             assert estimate["low"] <= estimate["high"]
-    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 3
+    assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == len(KINDS)
 
 
 def test_modeled_draft_cost_is_the_production_counterparts() -> None:
@@ -221,7 +225,7 @@ def test_modeled_draft_cost_is_the_production_counterparts() -> None:
     from deepspec_train.validation import load_recipe
 
     modeled = {}
-    for recipe in ("tiny-dspark", "tiny-eagle3"):
+    for recipe in ("tiny-dspark", "tiny-eagle3", "tiny-dflash2"):
         cfg = load_recipe(recipe, check_target=False)
         taps = list(cfg.target.layer_ids)
         loaded = LoadedDrafter(torch.nn.Module(), cfg.drafter.kind, cfg.drafter.block_size, taps, None, None,

@@ -6,7 +6,8 @@ Three groups, each a function returning one-line messages (empty when the recipe
   drafter kind's own rules, e.g. DFlash has no Markov head, are its record's: ``kinds``);
 - ``target_problems``: what needs the target's ``config.json`` (no weights): tapped layers inside the target,
   the mask token inside its vocabulary, a draft vocabulary no larger than it, what the target family's TP plan
-  splits dividing by ``topology.target_tp``, no final-logit soft-capping the frozen head would miss;
+  splits dividing by ``topology.target_tp``, no final-logit soft-capping the frozen head would miss (a kind's own
+  rules against the target, e.g. DFlash2's convolution groups dividing the hidden width, are its record's);
 - ``launch_problems``: what needs the launch (world size): enough processes for the topology, at least one
   sequence per step for every drafter rank (the drafter count need not divide the global batch).
 

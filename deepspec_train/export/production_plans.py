@@ -22,6 +22,7 @@ from deepspec_train.sizing import FAMILY_RECIPES, meta_drafter, reference_target
 
 PRODUCTION_RECIPES = (
     *(f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")),
+    "qwen3-8b-dflash2",
     "qwen3-8b-v32k",
     "qwen3-8b-32k",
     "qwen3-8b-eagle3-32k",

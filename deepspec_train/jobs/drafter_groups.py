@@ -11,8 +11,8 @@ own recipe before anything loads, and an error names the group (``group tiny-eag
 What the groups share, and what each keeps:
 
 - one target and one data order: the ``target`` section (but ``layer_ids``: the target is tapped at the union of
-  the groups' layers), the ``data`` section, ``train.global_batch_sequences`` and ``train.micro_batch_sequences``
-  must be equal, or the run is refused in one line; every group's epoch order is drawn from the first recipe's
+  the groups' layers), the ``data``, ``topology`` and ``stream`` sections, ``train.global_batch_sequences`` and
+  ``train.micro_batch_sequences`` must be equal, or the run is refused in one line; every group's epoch order is drawn from the first recipe's
   ``run.data_seed`` (or its ``run.seed``), which is set as each group's ``run.data_seed``, so a group trained
   alone with its resolved config (``<group>/resolved_config.yaml``) trains bit for bit the same;
 - each group keeps its own packing plan and anchors (its ``run.seed``), loss, optimizer, learning-rate schedule,
@@ -20,8 +20,11 @@ What the groups share, and what each keeps:
   (``run.output_dir`` of the first recipe after the overrides), its W&B run is named after the group and joins
   one W&B group for the comparison (``logging.wandb_group`` of the first recipe, or ``<run.name>-groups``).
 
-The colocated job (``jobs.grouped_colocated``) trains them; streamed groups (``topology.target_workers > 0``) are
-refused for now.
+The colocated job (``jobs.grouped_colocated``) trains them with ``topology.target_workers = 0``; with ``T > 0``
+target workers the streamed job (``jobs.grouped_streamed``) does: the launch's drafter ranks split evenly into
+the groups, in the order listed, ``D = (WORLD_SIZE - T) / N`` each (``group_world_size``: every group is checked
+as a streamed run of ``T + D`` processes), and the target workers feed every group from one forward per
+micro-batch.
 """
 
 from __future__ import annotations
@@ -30,14 +33,16 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
 from deepspec_train.config.loader import ConfigError, read_recipe, resolved_yaml
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.errors import UserError
 from deepspec_train.jobs.run_directory import output_dir_problems
 from deepspec_train.output_paths import check_output_dir, ensure_output_dir
 from deepspec_train.validation import load_recipe
@@ -48,9 +53,9 @@ GROUP_WORDS = ("compare=", "seeds=")
 # Where the groups' run directories go, under the comparison's run.output_dir, and the file listing them.
 GROUPS_DIR = "groups"
 GROUPS_FILE = "groups.json"
-# Settings every group must share: the target (its taps aside), the data and the sequences of a step and of a
-# target forward.
-SHARED_SECTIONS = ("target", "data")
+# Settings every group must share: the target (its taps aside), the data, the sequences of a step and of a
+# target forward, and the ranks and stream the target workers of a streamed run serve them through.
+SHARED_SECTIONS = ("target", "data", "topology", "stream")
 SHARED_KEYS = ("train.global_batch_sequences", "train.micro_batch_sequences", "run.data_seed")
 TAP_KEY = "layer_ids"
 
@@ -77,6 +82,15 @@ class DrafterGroup:
     @property
     def out_dir(self) -> Path:
         return Path(self.cfg.run.output_dir)
+
+
+@contextmanager
+def naming_errors(group: DrafterGroup) -> Iterator[None]:
+    """A user error met while assembling or stepping ``group`` names the group in its one line."""
+    try:
+        yield
+    except UserError as exc:
+        raise UserError(f"group {group.label}: {exc}") from None
 
 
 def is_group_command_line(argv: list[str]) -> bool:
@@ -184,14 +198,10 @@ def shared_settings(cfg: RecipeConfig) -> dict[str, Any]:
 
 
 def shared_setting_problems(groups: list[DrafterGroup]) -> list[str]:
-    """One line per group whose shared settings differ from the first group's; streamed groups are refused."""
+    """One line per group whose shared settings differ from the first group's."""
     reference = shared_settings(groups[0].cfg)
     problems = []
     for group in groups:
-        if group.cfg.topology.target_workers > 0:
-            problems.append(f"group {group.label}: topology.target_workers = {group.cfg.topology.target_workers}: "
-                            "drafter groups train colocated only for now (topology.target_workers=0)")
-            continue
         mine = shared_settings(group.cfg)
         differing = [key for key in reference if mine[key] != reference[key]]
         if differing:
@@ -205,10 +215,27 @@ def shared_setting_problems(groups: list[DrafterGroup]) -> list[str]:
 
 
 def launch_and_output_problems(groups: list[DrafterGroup]) -> list[str]:
-    """The launch's process count and every group's run directory, checked as a single run checks its own."""
+    """The launch's process count and every group's run directory, checked as a single run checks its own: a
+    streamed group as a run with the target workers and its share of the drafter ranks (``group_world_size``)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    targets = groups[0].cfg.topology.target_workers
+    drafter_ranks = world_size - targets
+    if targets > 0 and drafter_ranks > 0 and drafter_ranks % len(groups):
+        return [f"topology.target_workers = {targets} leaves {drafter_ranks} drafter ranks of the launch's "
+                f"{world_size} processes, which do not split evenly into {len(groups)} drafter groups (launch "
+                f"{targets} + {len(groups)} x D processes, D drafter ranks per group)"]
+    group_world = group_world_size(groups[0].cfg, world_size, len(groups))
     return [f"group {g.label}: {problem}" for g in groups
-            for problem in launch_problems(g.cfg, world_size) + output_dir_problems(g.cfg)]
+            for problem in launch_problems(g.cfg, group_world) + output_dir_problems(g.cfg)]
+
+
+def group_world_size(cfg: RecipeConfig, world_size: int, num_groups: int) -> int:
+    """The processes a single run of one group's recipe would have: colocated, all of them (every process trains
+    every group); streamed, the target workers and the group's ``(world_size - T) / num_groups`` drafter ranks."""
+    targets = cfg.topology.target_workers
+    if targets == 0:
+        return world_size
+    return targets + (world_size - targets) // num_groups
 
 
 def prepare_directories(groups: list[DrafterGroup], dry_run: bool) -> None:

@@ -1,5 +1,6 @@
 """The colocated job of drafter groups (``jobs.drafter_groups``): every process loads the data and the frozen target
-once, and trains every group's drafter replica on one target pass.
+once, and trains every group's drafter replica on one target pass. ``run_drafter_groups`` also starts streamed
+groups (``jobs.grouped_streamed``): both claim the groups' run directories the same way.
 
 Each group is assembled exactly as a colocated run of its recipe would be (``jobs.colocated``: its drafter,
 step plan, chunk builder, validation pass, trainer and run directory), except that its chunk builder's tap is a
@@ -21,22 +22,20 @@ the groups that trained the same round before the request was seen are checkpoin
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Generator, Iterator, Optional
+from typing import Generator, Optional
 
 import torch
 import torch.distributed as dist
 
 from deepspec_train.config.loader import save_resolved
 from deepspec_train.console import get_logger
-from deepspec_train.errors import UserError
 from deepspec_train.jobs.assembly import (
     TrainingJob, chunk_builder, load_token_datasets, start_job, total_steps_for, train_plan, validation_pass,
     validation_plan,
 )
-from deepspec_train.jobs.drafter_groups import DrafterGroup, write_groups_record
+from deepspec_train.jobs.drafter_groups import DrafterGroup, naming_errors, write_groups_record
+from deepspec_train.jobs.grouped_streamed import run_streamed_groups
 from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.jobs.run_directory import claim_output_dir
 from deepspec_train.kinds.builder import build_drafter
@@ -83,7 +82,8 @@ class _GroupRun:
 
 
 def run_drafter_groups(groups: list[DrafterGroup]) -> dict[str, TrainSummary]:
-    """Train every group in one colocated job; returns each group's summary by label."""
+    """Train every group in one job, colocated or streamed (``jobs.grouped_streamed``, when the groups'
+    ``topology.target_workers`` > 0); returns the summaries this rank holds by label (colocated: every group's)."""
     ctx = init_distributed(groups[0].cfg.stream.timeout_s)
     preemption.install()
     if ctx.is_main:
@@ -95,9 +95,13 @@ def run_drafter_groups(groups: list[DrafterGroup]) -> dict[str, TrainSummary]:
         write_groups_record(groups)
     # No rank writes into a group's directory before rank 0 has claimed it.
     barrier(ctx)
-    watch = StopWatch(ctx.rank).start() if ctx.distributed else None
+    streamed = groups[0].cfg.topology.target_workers > 0
+    # A streamed job watches for stop requests itself (``jobs.streamed.run_roles``).
+    watch = StopWatch(ctx.rank).start() if ctx.distributed and not streamed else None
     try:
         with EndTogether(ctx.rank, ctx.world_size):
+            if streamed:
+                return run_streamed_groups(groups, ctx)
             return _train(groups, ctx)
     finally:
         if watch is not None:
@@ -116,7 +120,7 @@ def _train(groups: list[DrafterGroup], ctx: DistContext) -> dict[str, TrainSumma
     head_weight = target.get_output_embeddings().weight.detach()
     runs = []
     for group in groups:
-        with _naming(group):
+        with naming_errors(group):
             runs.append(_start(group, ctx, datasets, target, shared, head_weight))
     if ctx.is_main:
         log.info("drafter groups: %s over one target pass (taps %s)", ", ".join(g.label for g in groups),
@@ -146,15 +150,6 @@ def _start(group: DrafterGroup, ctx: DistContext, datasets: dict, target, shared
     return _GroupRun(group, job, job.trainer.steps(job.resume_from), _RngState(ctx.device))
 
 
-@contextmanager
-def _naming(group: DrafterGroup) -> Iterator[None]:
-    """A user error met while assembling or stepping ``group`` names the group in its one line."""
-    try:
-        yield
-    except UserError as exc:
-        raise UserError(f"group {group.label}: {exc}") from None
-
-
 def _step_in_turn(runs: list[_GroupRun], shared: SharedTargetPass) -> dict[str, TrainSummary]:
     """Rounds of one step per group (the groups furthest behind only), until every group has finished."""
     summaries: dict[str, TrainSummary] = {}
@@ -165,7 +160,7 @@ def _step_in_turn(runs: list[_GroupRun], shared: SharedTargetPass) -> dict[str, 
         for run in [r for r in active if r.step == behind]:
             run.rng.restore()
             try:
-                with _naming(run.group):
+                with naming_errors(run.group):
                     next(run.steps)
             except StopIteration as done:
                 summaries[run.group.label] = run.job.finish(done.value)

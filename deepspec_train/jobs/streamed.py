@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 from functools import partial
+from typing import Callable
 from pathlib import Path
 from typing import Optional
 
@@ -30,13 +31,15 @@ from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.kinds.builder import build_drafter_from_files
+from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.streaming.roles import Topology
 from deepspec_train.streaming.streamed_source import StreamedFeatureSource
-from deepspec_train.streaming.target_worker import DrafterFeed, run_target_loop
+from deepspec_train.streaming.target_worker import DrafterFeed, FeedGroup, run_groups_loop
 from deepspec_train.streaming.watchdog import PeerFailure, PeerMonitor, abort, is_peer_error
 from deepspec_train.streaming.wire import StreamPlan
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
+from deepspec_train.target.shared_pass import SharedTargetPass
 from deepspec_train.target.tensor_parallel import load_target_tensor_parallel
 from deepspec_train.training.distributed import DistContext, new_groups, role_context
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE, Preempted, StopWatch, tell_target_workers
@@ -47,10 +50,31 @@ log = get_logger("deepspec_train.streaming")
 
 def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
     """Run this rank's role; returns the summary on drafter workers (None on target ranks)."""
+    topology = streamed_topology(cfg, world)
+    return run_roles(
+        cfg, world, topology,
+        lambda ctx, tp_group: run_target_role(cfg, ctx, world.rank, topology, tp_group),
+        lambda ctx: run_drafter_role(cfg, ctx, topology, out_dir),
+    )
+
+
+def streamed_topology(cfg: RecipeConfig, world: DistContext, drafter_groups: int = 1) -> Topology:
+    """The launch's topology under ``cfg`` (its ``topology`` section), with ``drafter_groups`` drafter groups."""
     # The launcher's processes per node (torchrun, srun): failures then name the node of a lost peer.
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world.world_size))
-    topology = Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp, per_node)
-    ctx = role_context(world, topology.target_ranks)
+    return Topology.from_world(world.world_size, cfg.topology.target_workers, cfg.topology.target_tp, per_node,
+                               drafter_groups)
+
+
+def run_roles(
+    cfg: RecipeConfig, world: DistContext, topology: Topology,
+    target_role: Callable[[DistContext, Optional[dist.ProcessGroup]], None],
+    drafter_role: Callable[[DistContext], TrainSummary],
+) -> Optional[TrainSummary]:
+    """Run ``target_role`` (with the rank's role context and tensor-parallel group) or ``drafter_role`` (with the
+    context of its drafter group) under the streamed mode's failure and preemption handling; ``cfg`` gives the
+    stream's timeout and the tensor-parallel layout."""
+    ctx = role_context(world, topology.target_ranks, topology.drafter_groups)
     # Each role's rank 0 logs: the drafters' resume, progress and summary lines come from drafter worker 0.
     speak_for_role(ctx.is_main)
     tp_group = None
@@ -61,17 +85,18 @@ def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Option
     monitor = PeerMonitor(world.rank, world.world_size, cfg.stream.timeout_s, topology.describe).start()
     is_target = topology.role_of(world.rank) == "target"
     leave = partial(_leave_with_the_drafters, monitor, world.rank) if is_target else None
-    watch = StopWatch(world.rank, leave).start()
+    watch = StopWatch(world.rank, leave, topology.drafter_groups).start()
     try:
         if is_target:
-            run_target_role(cfg, ctx, world.rank, topology, tp_group)
+            target_role(ctx, tp_group)
             summary = None
         else:
             try:
-                summary = run_drafter_role(cfg, ctx, topology, out_dir)
+                summary = drafter_role(ctx)
             except Preempted:
-                # Every drafter has checkpointed the same step: the target workers drop what they had queued.
-                tell_target_workers(topology.target_ranks)
+                # Every drafter of the group has checkpointed the same step: the target workers drop what they had
+                # queued for it.
+                tell_target_workers(topology.target_ranks, topology.drafter_group_of(world.rank))
                 watch.close()
                 monitor.finish()
                 # As the target workers do: tearing down groups whose peers hold unfinished sends can block.
@@ -115,6 +140,17 @@ def run_target_role(
 ) -> None:
     """One target rank: load the data and the target (its shard in a tensor-parallel group ``tp_group``), then
     compute every served drafter's micro-batches; the group's first rank sends them."""
+    serve_drafter_groups([cfg], ctx, rank, topology, tp_group)
+
+
+def serve_drafter_groups(
+    cfgs: list[RecipeConfig], ctx: DistContext, rank: int, topology: Topology,
+    tp_group: Optional[dist.ProcessGroup] = None,
+) -> None:
+    """``run_target_role`` for one drafter group per config (``cfgs[k]`` is drafter group ``k``'s recipe; they
+    share the target and data sections, ``jobs.drafter_groups``): one target forward serves every group, tapped at
+    the union of their layers, and each group gets the features its recipe reads."""
+    cfg = cfgs[0]
     group = topology.group_of(rank)
     sends = rank == topology.target_rank(group)
     datasets = load_token_datasets(cfg, ctx)
@@ -123,7 +159,40 @@ def run_target_role(
         target = load_target_model(cfg.target, ctx.device)
     else:
         target = load_target_tensor_parallel(cfg.target, ctx.device, tp_group, cfg.topology.target_tp_plan)
-    tap = TargetTap(target, cfg.target.layer_ids)
+    needs_counts = [kind_spec(c.drafter.kind).needs_token_counts(c.drafter) for c in cfgs]
+    counts = None
+    if sends and any(needs_counts):
+        # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
+        counts = count_supervised_tokens(train_rows, target.config.vocab_size)
+    # One group: a plain tap, nothing kept; several: views of one pass, cleared after every shared forward.
+    shared = SharedTargetPass(target, [c.target.layer_ids for c in cfgs]) if len(cfgs) > 1 else None
+    served = []
+    for index, (group_cfg, needs) in enumerate(zip(cfgs, needs_counts)):
+        layers = group_cfg.target.layer_ids
+        tap = TargetTap(target, layers) if shared is None else shared.view(layers)
+        builder = chunk_builder(group_cfg, tap, ctx.device)
+        served.append(_feed_group(group_cfg, datasets, topology, group, index, builder, counts if needs else None))
+    name = topology.describe_group(group)
+    if sends:
+        log.info("%s feeds drafters %s; %s steps", name, [r.drafter for r in topology.routes_from(group)],
+                 "/".join(str(g.plan.total_steps) for g in served))
+    report = run_groups_loop(served, topology, cfg.stream, ctx.device, tp_group, sends,
+                             shared.clear if shared is not None else lambda: None)
+    if sends:
+        log.info(
+            "%s done: %.1f MB sent; peak %.2f MB in flight (stream.depth = %d micro-batches)",
+            name, report.bytes_sent / 1e6, report.peak_in_flight / 1e6, cfg.stream.depth,
+        )
+        if shared is not None:
+            log.info("%s: %d target forwards ran for %d asked by %d drafter groups", name, shared.forwards,
+                     shared.requests, len(cfgs))
+
+
+def _feed_group(cfg: RecipeConfig, datasets: dict, topology: Topology, group: int, index: int,
+                builder: ChunkBuilder, counts: Optional[torch.Tensor]) -> FeedGroup:
+    """What target group ``group`` serves drafter group ``index`` (recipe ``cfg``): each fed drafter's plans, as a
+    colocated rank with that drafter's index would follow them, and the plan announced to them."""
+    train_rows = datasets["train"]
     drafters = topology.num_drafters
     feeds = []
     for route in topology.routes_from(group):
@@ -131,26 +200,13 @@ def run_target_role(
         if "validation" in datasets:
             validation = validation_plan(cfg, datasets["validation"], route.drafter, drafters)
         feeds.append(DrafterFeed(route, train_plan(cfg, train_rows, route.drafter, drafters), validation))
-    counts = None
-    if sends and kind_spec(cfg.drafter.kind).needs_token_counts(cfg.drafter):
-        # Drafter workers never see the data, so the target counts the tokens that size the draft vocabulary.
-        counts = count_supervised_tokens(train_rows, target.config.vocab_size)
     total_steps = total_steps_for(cfg, len(train_rows))
     last_step = min(total_steps, cfg.train.stop_at_step or total_steps)
     plan = StreamPlan(
         total_steps, last_step, len(train_rows) // cfg.train.global_batch_sequences,
         cfg.train.eval_every, "validation" in datasets, counts,
     )
-    name = topology.describe_group(group)
-    if sends:
-        log.info("%s feeds drafters %s; %d steps", name, [r.drafter for r in topology.routes_from(group)], plan.total_steps)
-    builder = chunk_builder(cfg, tap, ctx.device)
-    report = run_target_loop(feeds, builder, plan, topology, cfg.stream, ctx.device, tp_group, sends)
-    if sends:
-        log.info(
-            "%s done: %.1f MB sent; peak %.2f MB in flight (stream.depth = %d micro-batches)",
-            name, report.bytes_sent / 1e6, report.peak_in_flight / 1e6, cfg.stream.depth,
-        )
+    return FeedGroup(feeds, builder, plan, index)
 
 
 def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, out_dir: Path) -> TrainSummary:

@@ -51,11 +51,29 @@ def _problems(cfg: RecipeConfig) -> list[str]:
     if d.block_size < 2:
         problems.append(f"drafter.kind={NAME} drafts block_size - 1 tokens: drafter.block_size must be >= 2, got "
                         f"{d.block_size}")
-    for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+    for name in ("conv_kernel_size", "conv_group_size", "selector_rank"):
         if getattr(d, name) < 1:
             problems.append(f"drafter.kind={NAME} needs drafter.{name} >= 1, got {getattr(d, name)}")
+    if d.selector_top_k < 2:
+        # One candidate leaves the selector nothing to choose: the walk would be the DFlash's argmax.
+        problems.append(f"drafter.kind={NAME} needs drafter.selector_top_k >= 2 (the selector chooses among the top "
+                        f"K candidates), got {d.selector_top_k}")
     if d.selector_loss_weight < 0:
         problems.append(f"drafter.selector_loss_weight = {d.selector_loss_weight!r} must be >= 0")
+    return problems
+
+
+def _target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any]) -> list[str]:
+    """The rules that need the target's ``config.json``: the drafter shares the target's hidden width, which the
+    convolution's channel groups must split evenly, and the selector's candidates come from its vocabulary."""
+    d = cfg.drafter
+    problems = []
+    width, vocab = target_config.get("hidden_size"), target_config.get("vocab_size")
+    if isinstance(width, int) and d.conv_group_size >= 1 and width % d.conv_group_size:
+        problems.append(f"drafter.conv_group_size = {d.conv_group_size} must divide the target's hidden width "
+                        f"(hidden_size = {width}), which the drafter shares")
+    if isinstance(vocab, int) and d.selector_top_k > vocab:
+        problems.append(f"drafter.selector_top_k = {d.selector_top_k} exceeds the target's vocabulary ({vocab})")
     return problems
 
 
@@ -102,6 +120,22 @@ def _extra_loss(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cf
                          cfg.loss.temperature, normalizer, cfg.loss.chunk_size).loss
 
 
+def _acceptance(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cfg: RecipeConfig,
+                target_head_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validation's c* and argmax hits from the selector's proposal ``q`` over the top-K candidates
+    (``losses.selector_loss.selector_acceptance``), not from the plain slot distribution ``softmax(lm_head(h) /
+    T)``: the walk drafts from ``q`` and verification accepts against ``q`` (``models.dflash2_drafting``), so
+    ``val/expected_len`` estimates what the evaluator measures. Teacher forcing gives each slot its true
+    predecessor, i.e. an accepted prefix, as DFlash's c* does; the temperature is the loss's, as there."""
+    from deepspec_train.losses.selector_loss import SelectorRows, selector_acceptance
+
+    supervised = batch.supervised_mask
+    rows = SelectorRows(output.hidden, module.lm_head.weight, predecessor_tokens(batch)[supervised],
+                        batch.labels[supervised], DFLASH.loss_inputs(module, output, cfg).weights)
+    return selector_acceptance(rows, batch.target_hidden, target_head_weight, module.candidate_selector,
+                               cfg.drafter.selector_top_k, cfg.loss.temperature, cfg.loss.chunk_size)
+
+
 def _block_drafter(module: nn.Module, labels: str) -> BlockDrafter:
     from deepspec_train.models.dflash2_drafter import DFlash2Drafter
     from deepspec_train.models.dflash2_drafting import DFlash2BlockDrafter
@@ -142,6 +176,7 @@ DFLASH2 = DrafterKind(
     needs_token_counts=lambda drafter_cfg: False,
     uses_mask_token=True,
     recipe_problems=_problems,
+    target_problems=_target_problems,
     build=_build,
     build_from_state=_build_from_state,
     complete_state=_complete_state,
@@ -156,5 +191,6 @@ DFLASH2 = DrafterKind(
     layouts=_layouts,
     holds_export=_holds_export,
     extra_loss=_extra_loss,
+    acceptance=_acceptance,
     warm_start=WarmStart(_WARM_START_FROM, _keeps_init),
 )

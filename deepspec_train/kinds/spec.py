@@ -58,6 +58,8 @@ class DrafterKind:
 
     - ``recipe_problems(cfg)``: one-line messages for recipe settings this kind cannot train as asked (settings it
       does not use must hold their neutral value); empty when the recipe is fine. Needs the recipe only.
+    - ``target_problems(cfg, target_config)``: the kind's rules that need the target's ``config.json`` (no weights),
+      e.g. DFlash2's convolution groups dividing the target's hidden width; None for a kind without any.
     - ``build(drafter_cfg, geometry, layer_ids, token_counts)``: the untrained module (random weights, frozen
       heads not loaded). ``token_counts`` (``[V]`` supervised-token counts of the training data) is given when
       ``needs_token_counts``, else None.
@@ -82,6 +84,9 @@ class DrafterKind:
       ``layouts`` are this kind's (a DSpark and a rank-0 DFlash share the DSpark layout).
     - ``extra_loss(module, output, batch, cfg, normalizer)``: a loss term the kind adds to the selected-logit loss
       (DFlash2's selector CE), normalised like it; None for a kind without one.
+    - ``acceptance(module, output, batch, cfg, target_head_weight)``: per supervised row, the analytic acceptance
+      ``c*`` and the argmax hit of the proposal the kind's drafts are verified against, for validation metrics, where
+      that proposal is not the loss's ``softmax(lm_head(h) / T)`` (DFlash2's selector); None: the loss's own.
     - ``warm_start``: the other kinds whose trained drafters this kind may start from (``drafter.init_from``) and
       which of its tensors such a start leaves at their init (DFlash2 from DFlash: the convolutions and the
       selector); None: only drafters of this kind.
@@ -108,6 +113,9 @@ class DrafterKind:
     # The target layers a recipe that leaves ``target.layer_ids`` null taps, for a target of L decoder layers.
     default_taps: Callable[[int], list[int]] = dspark_layer_ids
     extra_loss: "Optional[Callable[[nn.Module, DrafterOutput, PackedBatch, RecipeConfig, Any], torch.Tensor]]" = None
+    acceptance: ("Optional[Callable[[nn.Module, DrafterOutput, PackedBatch, RecipeConfig, torch.Tensor], "
+                 "tuple[torch.Tensor, torch.Tensor]]]") = None
+    target_problems: Optional[Callable[[RecipeConfig, Mapping[str, Any]], list[str]]] = None
     warm_start: Optional["WarmStart"] = None
 
     def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:

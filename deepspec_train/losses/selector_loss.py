@@ -73,3 +73,30 @@ def selector_loss(rows: SelectorRows, selector: CandidateSelector, top_k: int, w
     denominator = normalizer.to(ce) if isinstance(normalizer, torch.Tensor) else float(normalizer)
     loss = weight * (weighted / denominator).sum()
     return SelectorLossOutput(loss=loss, ce_sum=weighted.detach().sum(), covered=covered.sum())
+
+
+@torch.no_grad()
+def selector_acceptance(rows: SelectorRows, target_hidden: torch.Tensor, target_head_weight: torch.Tensor,
+                        selector: CandidateSelector, top_k: int, temperature: float,
+                        chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the analytic acceptance ``c* = sum_k min(q[c_k], p_t[c_k])`` of the selector's teacher-forced
+    proposal ``q = softmax(s / T)`` over the top-K candidates (zero elsewhere, so only candidates count) against
+    the target's ``p_t = softmax(target_hidden @ W_t^T / T)``, and whether ``q``'s argmax is the label: ``[N]``
+    fp32 and ``[N]`` bool. ``q`` is the proposal the walk drafts from and verification divides by
+    (``models.dflash2_drafting``), given an accepted (true) predecessor. ``chunk_size`` rows of ``[rows, V]``
+    logits at a time."""
+    c_star, correct = [], []
+    for start in range(0, rows.hidden.shape[0], chunk_size):
+        span = slice(start, start + chunk_size)
+        hidden = rows.hidden[span]
+        logits = (hidden @ rows.head_weight.T.to(hidden.dtype)).float()
+        unary, ids = torch.topk(logits, top_k, dim=-1)
+        scores = selector.scores(hidden, rows.predecessors[span, None], ids, unary)[:, 0]
+        q = torch.softmax(scores / temperature, dim=-1)
+        target = (target_hidden[span] @ target_head_weight.T.to(target_hidden.dtype)).float()
+        p_target = torch.softmax(target / temperature, dim=-1).gather(1, ids)
+        c_star.append(torch.minimum(q, p_target).sum(dim=-1))
+        correct.append(ids.gather(1, q.argmax(dim=-1, keepdim=True))[:, 0] == rows.labels[span])
+    if not c_star:
+        return rows.hidden.new_zeros(0, dtype=torch.float32), rows.labels.new_zeros(0, dtype=torch.bool)
+    return torch.cat(c_star), torch.cat(correct)

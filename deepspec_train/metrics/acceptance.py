@@ -17,9 +17,11 @@ forcing: the prefix is the true continuation, which is exactly what an accepted 
 over blocks. Plugging per-position means into the same formula (``val/expected_len_from_means``) would equal
 it only if the slots of a block were independent; in practice they are positively correlated (an easy
 continuation stays easy), so the product of means usually underestimates. Both are reported: the first is the
-estimate of tau, the second is what a per-position acceptance table implies. Only blocks whose every slot is
-supervised enter either number, because a block truncated by the end of the assistant span would count its
-missing slots as rejections.
+estimate of tau, the second is what a per-position acceptance table implies. Only blocks whose every drafted slot
+is supervised enter either number, because a block truncated by the end of the assistant span would count its
+missing slots as rejections. Under z-lab labels (the engines' 1 + N layout) slot 0 holds the anchor: it drafts
+nothing and is never supervised, so the drafted slots are ``1..B-1`` (``first_slot = 1``); counting slot 0 would
+leave no full block at all.
 """
 
 from __future__ import annotations
@@ -171,16 +173,18 @@ class BlockLengthStats(_SummedStats):
     """Expected acceptance length over fully supervised blocks, both as mean of per-block products and as the
     product formula applied to per-position means (see the module docstring for why they differ)."""
 
-    def __init__(self, block_size: int, device: torch.device | str = "cpu") -> None:
-        # Layout: [number of full blocks, sum of their E[L], per-position sums of c* over them (B entries)].
-        super().__init__((2 + block_size,), device)
+    def __init__(self, block_size: int, device: torch.device | str = "cpu", first_slot: int = 0) -> None:
+        """``first_slot``: the first block slot a draft fills (1 under z-lab labels, 0 under DSpark labels)."""
+        # Layout: [number of full blocks, sum of their E[L], per-position sums of c* over the drafted slots].
+        super().__init__((2 + block_size - first_slot,), device)
         self.block_size = block_size
+        self.first_slot = first_slot
 
     def update(self, c_star: torch.Tensor, supervised_mask: torch.Tensor) -> None:
         """``c_star [Ns]`` per supervised row (row-major order of ``supervised_mask [Nb, B]``)."""
         mask = supervised_mask.to(self.device)
-        blocks = rows_to_blocks(self._as_float64(c_star), mask)
-        full = blocks[mask.all(dim=1)]
+        blocks = rows_to_blocks(self._as_float64(c_star), mask)[:, self.first_slot:]
+        full = blocks[mask[:, self.first_slot:].all(dim=1)]
         self._sums[0] += full.shape[0]
         self._sums[1] += block_expected_lengths(full).sum()
         self._sums[2:] += full.sum(dim=0)

@@ -11,7 +11,12 @@ group feeds at least one drafter:
 - ``G > D``: drafter ``i`` is fed by the groups ``g`` with ``g % D == i``, taking turns step by step (step ``s``
   comes from the ``s % n``-th of its ``n`` groups), so extra groups add forward throughput.
 
-The assignment is a pure function of (G, D): both sides derive it without exchanging anything.
+A run of ``N`` drafter groups (``jobs.drafter_groups``: several recipes or seeds over one target pass) splits the
+drafter ranks evenly: drafter group ``k`` is the ``D = (world size - G*tp) / N`` consecutive ranks after the
+first ``k`` groups', and inside it drafter ``i`` is routed as above, so target group ``g`` feeds drafter ``i`` of every
+drafter group (one forward serves them all). A single run is one drafter group.
+
+The assignment is a pure function of (G, D, N): both sides derive it without exchanging anything.
 """
 
 from __future__ import annotations
@@ -37,14 +42,16 @@ class Route:
 
 @dataclass(frozen=True)
 class Topology:
-    """``num_targets`` target groups of ``tp`` ranks each and ``num_drafters`` drafter workers; with
-    ``ranks_per_node`` set (the launcher's processes per node, the same on every node as ``torchrun`` and ``srun``
-    start them) and more than one node, peers are named with their node as well."""
+    """``num_targets`` target groups of ``tp`` ranks each and ``drafter_groups`` drafter groups of
+    ``num_drafters`` drafter workers each; with ``ranks_per_node`` set (the launcher's processes per node, the same
+    on every node as ``torchrun`` and ``srun`` start them) and more than one node, peers are named with their node
+    as well."""
 
     num_targets: int
     num_drafters: int
     tp: int = 1
     ranks_per_node: int = 0
+    drafter_groups: int = 1
 
     def __post_init__(self) -> None:
         if self.num_targets < 1 or self.num_drafters < 1:
@@ -55,14 +62,22 @@ class Topology:
 
     @classmethod
     def from_world(
-        cls, world_size: int, target_workers: int, target_tp: int = 1, ranks_per_node: int = 0
+        cls, world_size: int, target_workers: int, target_tp: int = 1, ranks_per_node: int = 0,
+        drafter_groups: int = 1,
     ) -> "Topology":
         if target_tp < 1 or target_workers % target_tp:
             raise ValueError(
                 f"topology.target_workers = {target_workers} target ranks do not form groups of topology.target_tp "
                 f"= {target_tp}"
             )
-        return cls(target_workers // target_tp, world_size - target_workers, target_tp, ranks_per_node)
+        drafter_ranks = world_size - target_workers
+        if drafter_ranks % drafter_groups:
+            raise ValueError(
+                f"{drafter_ranks} drafter ranks (world size {world_size} - topology.target_workers = {target_workers}) "
+                f"do not split evenly into {drafter_groups} drafter groups"
+            )
+        return cls(target_workers // target_tp, drafter_ranks // drafter_groups, target_tp, ranks_per_node,
+                   drafter_groups)
 
     @property
     def target_ranks(self) -> int:
@@ -71,7 +86,7 @@ class Topology:
 
     @property
     def world_size(self) -> int:
-        return self.target_ranks + self.num_drafters
+        return self.target_ranks + self.drafter_groups * self.num_drafters
 
     def role_of(self, rank: int) -> Role:
         return "target" if rank < self.target_ranks else "drafter"
@@ -87,9 +102,16 @@ class Topology:
         """Global rank of the rank that sends group ``group``'s features (its first rank)."""
         return group * self.tp
 
-    def drafter_rank(self, drafter: int) -> int:
-        """Global rank of drafter index ``drafter``."""
-        return self.target_ranks + drafter
+    def drafter_rank(self, drafter: int, drafter_group: int = 0) -> int:
+        """Global rank of drafter index ``drafter`` of drafter group ``drafter_group``."""
+        return self.target_ranks + drafter_group * self.num_drafters + drafter
+
+    def drafter_group_of(self, rank: int) -> int:
+        """The drafter group of drafter rank ``rank``."""
+        return (rank - self.target_ranks) // self.num_drafters
+
+    def drafter_group_ranks(self, drafter_group: int) -> list[int]:
+        return [self.drafter_rank(d, drafter_group) for d in range(self.num_drafters)]
 
     def describe(self, rank: int) -> str:
         """How failures name a peer: ``target worker 0 (rank 0)`` (groups of one), ``target group 1, TP rank 0
@@ -98,7 +120,10 @@ class Topology:
         if 0 < self.ranks_per_node < self.world_size:
             where += f", node {rank // self.ranks_per_node}"
         if self.role_of(rank) == "drafter":
-            return f"drafter worker {rank - self.target_ranks} ({where})"
+            index = (rank - self.target_ranks) % self.num_drafters
+            if self.drafter_groups > 1:
+                return f"drafter group {self.drafter_group_of(rank)}, drafter worker {index} ({where})"
+            return f"drafter worker {index} ({where})"
         group = self.group_of(rank)
         if self.tp == 1:
             return f"target worker {group} ({where})"

@@ -19,6 +19,14 @@ Start-up exchange, per served drafter: the sender sends the plan (``total_steps`
 validation is streamed, and for EAGLE-3 the supervised-token counts that size the draft vocabulary); the
 drafter answers with the global step it starts at (0, or the step of the checkpoint it resumed from), which the
 sender shares with the rest of its group.
+
+Drafter groups (``jobs.drafter_groups``): the loop serves one ``FeedGroup`` per drafter group, each with the
+chunk builder and plan of its recipe. The groups' micro-batches that share a target forward are built one after
+the other (micro-batch ``j`` of drafter ``i`` in every group, then ``j + 1``), their builders' taps being views of
+one ``target.shared_pass.SharedTargetPass`` that ``after_forward`` clears, so one forward serves every group and
+at most one is kept. A group is served from the step it starts at until its own last step; one that stopped
+after a preemption signal gets nothing more (the sender drops its messages; the forwards still run, so every rank
+of a tensor-parallel group keeps running the same ones) while the others go on.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from itertools import zip_longest
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,7 +45,7 @@ from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.steps.chunk_plan import ChunkPlan, chunks_slot_counts, chunks_supervised
 from deepspec_train.steps.plan import StepPlan, StepPosition, step_position
 from deepspec_train.streaming.roles import Route, Topology
-from deepspec_train.streaming.watchdog import PeerFailure, abort
+from deepspec_train.streaming.watchdog import PeerFailure, abort, first_line
 from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, message_bytes, outline, recv_ints,
     send_message, send_plan,
@@ -52,6 +61,17 @@ class DrafterFeed:
     route: Route
     train: StepPlan
     validation: Optional[StepPlan]
+
+
+@dataclass
+class FeedGroup:
+    """One drafter group as a target group serves it: the drafters it feeds (``feeds``), the chunk builder of the
+    group's recipe, the plan announced to them, and the drafter group's index (0 for a single run)."""
+
+    feeds: Sequence[DrafterFeed]
+    builder: ChunkBuilder
+    plan: StreamPlan
+    index: int = 0
 
 
 @dataclass
@@ -81,6 +101,8 @@ class _Sender:
         self.thread.start()
 
     def put(self, dst: int, message: StreamMessage) -> None:
+        if preemption.drafter_group_stopped(self.topology.drafter_group_of(dst)):
+            return  # its drafters checkpointed and left after a preemption signal
         size = message_bytes(message)
         with self._cond:
             if message.batches:
@@ -114,10 +136,11 @@ class _Sender:
             dst, message, size = item
             try:
                 self.bytes_sent += send_message(message, dst, self.device, self.timeout_s, self.topology.describe(dst))
-            except PeerFailure as exc:
-                if preemption.drafters_stopped.is_set():
-                    return  # the drafters checkpointed and left after a preemption signal
-                abort(f"target worker stream to {self.topology.describe(dst)} failed: {exc}")
+            except (PeerFailure, RuntimeError) as exc:
+                # A drafter group that checkpointed and left after a preemption signal (posting a send to its
+                # closed connection raises at once): the others go on.
+                if not preemption.drafter_group_stopped(self.topology.drafter_group_of(dst)):
+                    abort(f"target worker stream to {self.topology.describe(dst)} failed: {first_line(exc)}")
             with self._cond:
                 self.in_flight -= size
 
@@ -133,48 +156,60 @@ class _NoSends:
         return StreamReport(0, 0)
 
 
-def exchange_plan(feeds: Sequence[DrafterFeed], plan: StreamPlan, topology: Topology, device: torch.device,
-                  timeout_s: float) -> dict[int, int]:
-    """Send the plan to every served drafter and collect the global step each one starts at."""
+def exchange_plan(groups: Sequence[FeedGroup], topology: Topology, device: torch.device,
+                  timeout_s: float) -> dict[tuple[int, int], int]:
+    """Send its group's plan to every served drafter and collect the global step each one starts at, by
+    (drafter group, drafter)."""
     starts = {}
-    for feed in feeds:
-        dst = topology.drafter_rank(feed.route.drafter)
-        peer = topology.describe(dst)
-        send_plan(plan, dst, device, timeout_s, peer)
-        starts[feed.route.drafter] = recv_ints(dst, device, timeout_s, peer)[0]
+    for group in groups:
+        for feed in group.feeds:
+            dst = topology.drafter_rank(feed.route.drafter, group.index)
+            peer = topology.describe(dst)
+            send_plan(group.plan, dst, device, timeout_s, peer)
+            starts[group.index, feed.route.drafter] = recv_ints(dst, device, timeout_s, peer)[0]
     return starts
 
 
-def _share_starts(starts: dict[int, int], feeds: Sequence[DrafterFeed], device: torch.device,
-                  group: Optional[dist.ProcessGroup]) -> dict[int, int]:
-    """The sender's start steps on every rank of its tensor-parallel group (``group``; None: no group)."""
-    if group is None:
+def _share_starts(starts: dict[tuple[int, int], int], groups: Sequence[FeedGroup], device: torch.device,
+                  tp_group: Optional[dist.ProcessGroup]) -> dict[tuple[int, int], int]:
+    """The sender's start steps on every rank of its tensor-parallel group (``tp_group``; None: no group)."""
+    if tp_group is None:
         return starts
-    values = torch.tensor([starts.get(f.route.drafter, 0) for f in feeds], dtype=torch.int64, device=device)
-    dist.broadcast(values, group=group, group_src=0)
-    return {f.route.drafter: int(v) for f, v in zip(feeds, values.tolist())}
+    keys = [(g.index, f.route.drafter) for g in groups for f in g.feeds]
+    values = torch.tensor([starts.get(key, 0) for key in keys], dtype=torch.int64, device=device)
+    dist.broadcast(values, group=tp_group, group_src=0)
+    return dict(zip(keys, values.tolist()))
 
 
-def _stream_bundle(sink, builder: ChunkBuilder, topology: Topology, kind: int, step: int, position: StepPosition,
-                   work: list[tuple[DrafterFeed, list[ChunkPlan]]]) -> None:
-    """Every drafter's outline first, then their micro-batches, drafter after drafter.
+def _stream_bundle(sink, topology: Topology, kind: int, step: int, position: StepPosition,
+                   work: list[tuple[FeedGroup, DrafterFeed, list[ChunkPlan]]],
+                   after_forward: Callable[[], None]) -> None:
+    """Every drafter's outline first, then their micro-batches, drafter after drafter; the drafter groups' micro-
+    batches of one drafter index interleaved (micro-batch ``j`` of every group, then ``j + 1``: one target forward
+    each, ``after_forward`` called after each).
 
     Outlines go first because a drafter all-reduces its step's supervised count before its first backward:
     with blocking sends, drafter 1's outline queued behind drafter 0's micro-batches would deadlock against
     drafter 0 waiting in that all-reduce for drafter 1.
     """
     epoch, step_in_epoch = position.epoch, position.step_in_epoch
-    for feed, chunks in work:
+    for group, feed, chunks in work:
         counts = chunks_slot_counts(chunks) if kind == KIND_TRAIN else None
-        sink.put(topology.drafter_rank(feed.route.drafter),
+        sink.put(topology.drafter_rank(feed.route.drafter, group.index),
                  outline(kind, step, epoch, step_in_epoch, chunks_supervised(chunks), counts))
-    for feed, chunks in work:
-        dst = topology.drafter_rank(feed.route.drafter)
-        index = 0
-        for chunk in chunks:
-            for batch in builder.build(chunk):
-                sink.put(dst, StreamMessage(KIND_BATCH, step, epoch, step_in_epoch, [batch], index=index))
-                index += 1
+    for drafter in dict.fromkeys(feed.route.drafter for _, feed, _ in work):
+        mine = [(group, chunks) for group, feed, chunks in work if feed.route.drafter == drafter]
+        indices = {group.index: 0 for group, _ in mine}
+        for row in zip_longest(*(chunks for _, chunks in mine)):
+            for (group, _), chunk in zip(mine, row):
+                if chunk is None:
+                    continue
+                dst = topology.drafter_rank(drafter, group.index)
+                for batch in group.builder.build(chunk):
+                    sink.put(dst, StreamMessage(KIND_BATCH, step, epoch, step_in_epoch, [batch],
+                                                index=indices[group.index]))
+                    indices[group.index] += 1
+            after_forward()
 
 
 def run_target_loop(feeds: Sequence[DrafterFeed], builder: ChunkBuilder, plan: StreamPlan, topology: Topology,
@@ -186,19 +221,33 @@ def run_target_loop(feeds: Sequence[DrafterFeed], builder: ChunkBuilder, plan: S
     a group of one); ``sends``: whether this rank is the group's sender (the others run the same forwards and
     send nothing).
     """
-    starts = exchange_plan(feeds, plan, topology, device, stream.timeout_s) if sends else {}
-    starts = _share_starts(starts, feeds, device, tp_group)
+    return run_groups_loop([FeedGroup(feeds, builder, plan)], topology, stream, device, tp_group, sends)
+
+
+def run_groups_loop(groups: Sequence[FeedGroup], topology: Topology, stream: StreamConfig, device: torch.device,
+                    tp_group: Optional[dist.ProcessGroup] = None, sends: bool = True,
+                    after_forward: Callable[[], None] = lambda: None) -> StreamReport:
+    """``run_target_loop`` for several drafter groups, each from its drafters' start steps to its own last step;
+    ``after_forward``: called once the micro-batches that share a target forward are built (the grouped run clears
+    its shared pass there)."""
+    starts = exchange_plan(groups, topology, device, stream.timeout_s) if sends else {}
+    starts = _share_starts(starts, groups, device, tp_group)
     sink = _Sender(stream.depth, device, stream.timeout_s, topology) if sends else _NoSends()
-    first = min(starts.values(), default=plan.last_step)
-    for step in range(first, plan.last_step):
-        served = [f for f in feeds if step >= starts[f.route.drafter] and f.route.carries(step)]
-        work = [(f, f.train.chunks(step)) for f in served]
-        _stream_bundle(sink, builder, topology, KIND_TRAIN, step, step_position(step, plan.steps_per_epoch), work)
+    first = min(starts.values(), default=0)
+    last = max((group.plan.last_step for group in groups), default=0)
+    for step in range(first, last):
+        served = [
+            (group, feed) for group in groups for feed in group.feeds
+            if starts[group.index, feed.route.drafter] <= step < group.plan.last_step and feed.route.carries(step)
+        ]
+        work = [(group, feed, feed.train.chunks(step)) for group, feed in served]
+        position = step_position(step, served[0][0].plan.steps_per_epoch) if served else StepPosition(0, 0)
+        _stream_bundle(sink, topology, KIND_TRAIN, step, position, work, after_forward)
         # Validation goes out only after every served drafter has its training step: a drafter reads its
         # validation payload after the step's gradient all-reduce, which needs all drafters to have trained, and
         # sends are blocking, so interleaving (train d0, val d0, train d1) would deadlock with two drafters.
-        if plan.validates_after(step):
-            # The validation pass is its plan's only step.
-            work = [(f, f.validation.chunks(0)) for f in served if f.validation is not None]
-            _stream_bundle(sink, builder, topology, KIND_VALIDATION, step, StepPosition(0, 0), work)
+        # The validation pass is its plan's only step.
+        work = [(group, feed, feed.validation.chunks(0)) for group, feed in served
+                if group.plan.validates_after(step) and feed.validation is not None]
+        _stream_bundle(sink, topology, KIND_VALIDATION, step, StepPosition(0, 0), work, after_forward)
     return sink.close()

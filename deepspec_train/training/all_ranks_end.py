@@ -8,7 +8,8 @@ timeout. Instead, the rank that sees the error posts it in the rendezvous store 
 message (``error: rank R: ...``) is printed once, by the rank that saw it.
 
 The rank that posts waits (a few seconds at most) until every other rank has read the post before it leaves:
-without an agent, rank 0 hosts the store, and its exit would take the post down with it.
+without an agent, rank 0 hosts the store, and its exit would take the post down with it. For the same reason
+rank 0, when it reads another rank's post, leaves only once every rank has read it.
 """
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ class EndTogether:
                 return  # the store's host left: the peer watchdogs and collective timeouts take over
             if self._stop.is_set():
                 return  # this rank is posting an error of its own
+            if self.rank == 0:
+                self._wait_for_readers()
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(USER_ERROR_EXIT_CODE)
+
+    def _wait_for_readers(self) -> None:
+        """Rank 0 hosts the store without an agent: leaving before the other ranks have read the post would take it
+        down under them, and a rank that then loses the store reports a failure instead of the user error."""
+        others = [f"{_READ_PREFIX}{r}" for r in range(self.world_size) if r != self.rank]
+        try:
+            self._store.wait(others, datetime.timedelta(seconds=READ_WAIT_S))
+        except RuntimeError:
+            pass  # a rank that did not read in time ends on its own (its watchdog, its collectives' timeouts)

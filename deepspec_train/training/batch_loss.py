@@ -77,4 +77,9 @@ class DrafterLoss:
         if self.kind.extra_loss is not None:
             # A kind's own term (DFlash2's selector CE), normalised like the rest: the sum stays the step's loss.
             loss.loss = loss.loss + self.kind.extra_loss(drafter, out, batch, self.cfg, normalizer)
+        if self.kind.acceptance is not None and not drafter.training:
+            # Validation (eval mode) reports the acceptance of what the kind actually drafts (DFlash2: the selector's
+            # proposal); training keeps the loss's c*, which costs no second pass over the heads.
+            loss.c_star, loss.draft_correct = self.kind.acceptance(drafter, out, batch, self.cfg,
+                                                                   self.target_head_weight)
         return BatchLoss(loss=loss, slot_index=out.slot_index, supervised_mask=batch.supervised_mask)

@@ -58,21 +58,29 @@ def init_distributed(timeout_s: float = 300.0) -> DistContext:
     return DistContext(rank, world_size, local_rank, device, group)
 
 
-def role_context(world: DistContext, num_targets: int) -> DistContext:
+def role_context(world: DistContext, num_targets: int, drafter_groups: int = 1) -> DistContext:
     """This rank's context inside its role (streamed mode: ranks ``< num_targets`` are target workers).
 
     ``rank`` / ``world_size`` become the index and count within the role and ``group`` the role's own process
     group, so the drafters' gradient all-reduce, barriers and checkpoints never involve target workers (for a
-    target worker that group is the target workers', used for barriers around data preparation).
+    target worker that group is the target workers', used for barriers around data preparation). With
+    ``drafter_groups`` > 1 (a run of drafter groups, ``streaming.roles``) the drafter ranks split evenly into that
+    many consecutive groups and a drafter's role is its own group: groups never wait on each other.
     Every rank must call this, in the same order: ``new_group`` is collective over the whole world.
     """
     target_ranks = list(range(num_targets))
-    drafter_ranks = list(range(num_targets, world.world_size))
     target_group = dist.new_group(target_ranks)
-    drafter_group = dist.new_group(drafter_ranks)
+    per_group = (world.world_size - num_targets) // drafter_groups
+    mine: Optional[DistContext] = None
+    for k in range(drafter_groups):
+        first = num_targets + k * per_group
+        group = dist.new_group(list(range(first, first + per_group)))
+        if first <= world.rank < first + per_group:
+            mine = DistContext(world.rank - first, per_group, world.local_rank, world.device, group)
     if world.rank < num_targets:
         return DistContext(world.rank, len(target_ranks), world.local_rank, world.device, target_group)
-    return DistContext(world.rank - num_targets, len(drafter_ranks), world.local_rank, world.device, drafter_group)
+    assert mine is not None
+    return mine
 
 
 def all_reduce_sum(value: float, ctx: DistContext) -> float:

@@ -15,7 +15,10 @@ What each rank does:
 - Streamed: drafter worker 0 posts the step it stopped after; target workers then drop what they still had
   queued or were computing (the checkpoint holds the drafters' data position, and a resumed drafter tells its
   target which step to start from), acknowledge, sign off and exit with the same status. The drafters leave
-  after the acknowledgements, so no target worker mistakes their exit for a death.
+  after the acknowledgements, so no target worker mistakes their exit for a death. With drafter groups
+  (``jobs.drafter_groups``) each group stops after its own step and posts under its index; a target worker
+  acknowledges each group's post at once and from then on drops what it would send that group
+  (``stopped_drafter_groups``), and leaves once every group has posted.
 
 The rank that writes the checkpoint logs one line. When ``DEEPSPEC_PREEMPTED_FILE`` is set (``train.sbatch``
 sets it), that rank also writes the step there: a launcher such as ``torchrun`` reports its own status, not the
@@ -48,6 +51,8 @@ _requested = threading.Event()
 _signal_name: list[str] = []
 # Set on a target worker once the drafters stopped: its sends may fail from now on, and that is no failure.
 drafters_stopped = threading.Event()
+# On a target worker, the drafter groups that have stopped so far (a single run is drafter group 0).
+stopped_drafter_groups: set[int] = set()
 
 
 class Preempted(Exception):
@@ -91,13 +96,21 @@ def announce(step: int, checkpoint: Path, log: Callable[[str], None]) -> None:
         Path(marker).write_text(json.dumps({"step": step, "checkpoint": str(checkpoint)}) + "\n")
 
 
+def drafter_group_stopped(drafter_group: int) -> bool:
+    """Target side: whether drafter group ``drafter_group`` has stopped after a preemption signal."""
+    return drafters_stopped.is_set() or drafter_group in stopped_drafter_groups
+
+
 class StopWatch:
     """The thread that carries stop requests through the rendezvous store (see the module docstring); a
-    streamed target worker passes ``on_drafters_stopped``, called once the drafters have stopped."""
+    streamed target worker passes ``on_drafters_stopped``, called once the drafters of every one of
+    ``drafter_groups`` have stopped."""
 
-    def __init__(self, rank: int, on_drafters_stopped: Optional[Callable[[], None]] = None) -> None:
+    def __init__(self, rank: int, on_drafters_stopped: Optional[Callable[[], None]] = None,
+                 drafter_groups: int = 1) -> None:
         self.rank = rank
         self.on_drafters_stopped = on_drafters_stopped
+        self.drafter_groups = drafter_groups
         self._store = dist.distributed_c10d._get_default_store()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="deepspec-stop-watch", daemon=True)
@@ -122,23 +135,31 @@ class StopWatch:
                     posted = True
                 elif not _requested.is_set() and self._store.check([_REQUESTED]):
                     _requested.set()
-                if self.on_drafters_stopped is not None and self._store.check([_STOPPED_AT]):
+                if self.on_drafters_stopped is not None and self._acknowledge_stops():
                     drafters_stopped.set()
-                    self._store.set(f"{_ACK_PREFIX}{self.rank}", "1")
                     self.on_drafters_stopped()
                     return
             except RuntimeError:
                 return  # the store's host left: the peer watchdog reports that
 
 
-def tell_target_workers(num_target_ranks: int) -> None:
-    """Drafter side, streamed: post that the drafters stopped (each has checkpointed), then wait (bounded) until
-    every target worker (global ranks ``0 .. num_target_ranks - 1``) has read it, so that none of them takes the
-    drafters' exit for a failure."""
+    def _acknowledge_stops(self) -> bool:
+        """Acknowledge every drafter group's new stop post; whether all groups have stopped."""
+        for group in range(self.drafter_groups):
+            if group not in stopped_drafter_groups and self._store.check([f"{_STOPPED_AT}/{group}"]):
+                stopped_drafter_groups.add(group)
+                self._store.set(f"{_ACK_PREFIX}{group}/{self.rank}", "1")
+        return len(stopped_drafter_groups) == self.drafter_groups
+
+
+def tell_target_workers(num_target_ranks: int, drafter_group: int = 0) -> None:
+    """Drafter side, streamed: post that the drafters of ``drafter_group`` stopped (each has checkpointed), then
+    wait (bounded) until every target worker (global ranks ``0 .. num_target_ranks - 1``) has read it, so that
+    none of them takes the drafters' exit for a failure."""
     store = dist.distributed_c10d._get_default_store()
     try:
-        store.set(_STOPPED_AT, "1")
-        acks = [f"{_ACK_PREFIX}{rank}" for rank in range(num_target_ranks)]
+        store.set(f"{_STOPPED_AT}/{drafter_group}", "1")
+        acks = [f"{_ACK_PREFIX}{drafter_group}/{rank}" for rank in range(num_target_ranks)]
         store.wait(acks, datetime.timedelta(seconds=ACK_WAIT_S))
     except RuntimeError:
         pass  # a target worker that is gone or silent: the drafters' checkpoint is already whole

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from deepspec_train.config.schema import RecipeConfig
+from deepspec_train.config.schema import ZLAB_LABELS, RecipeConfig
 from deepspec_train.console import get_logger
 from deepspec_train.metrics.sinks import MetricsSink
 from deepspec_train.training.progress import TrainProgress
@@ -334,7 +334,8 @@ class DrafterTrainer:
         cfg = self.cfg
         self.engine.forward_module.eval()
         stats = PositionStats(cfg.drafter.block_size, device=self.ctx.device)
-        lengths = BlockLengthStats(cfg.drafter.block_size, device=self.ctx.device)
+        lengths = BlockLengthStats(cfg.drafter.block_size, device=self.ctx.device,
+                                   first_slot=1 if cfg.drafter.labels == ZLAB_LABELS else 0)
         conf, target = [], []
         total_loss, total_rows = 0.0, 0.0
         for batch in self.val_batches():

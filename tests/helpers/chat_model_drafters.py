@@ -1,9 +1,9 @@
 """Test helpers for the decoding tests (evaluator, losslessness, drafting cache, quality bench): the tiny random
 target loaded like a real one, and random drafters for it.
 
-``random_drafter(target, kind)`` builds a DSpark, DFlash or EAGLE-3 drafter for the tiny target with random
-weights (Markov ``W2`` and the confidence bias too, so those heads are not trivially zero) and the target's
-embedding / LM head copied in. Speculative decoding must be lossless for any drafter, so random weights are
+``random_drafter(target, kind)`` builds a DSpark, DFlash, EAGLE-3 or DFlash2 drafter for the tiny target with
+random weights (Markov ``W2``, the confidence bias, DFlash2's convolutions and selector too, so those heads are not
+trivially zero or the identity) and the target's embedding / LM head copied in. Speculative decoding must be lossless for any drafter, so random weights are
 enough for the exactness tests.
 """
 
@@ -17,13 +17,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.formats.drafter_loader import LoadedDrafter
+from deepspec_train.models.dflash2_drafter import DFlash2Drafter
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter
 from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
+from tests.helpers.dflash2_drafters import randomize
 from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 BLOCK = 4
-LAYER_IDS = {"dspark": [0], "dflash": [0], "eagle3": [0, 0, 0]}
+LAYER_IDS = {"dspark": [0], "dflash": [0], "eagle3": [0, 0, 0], "dflash2": [0]}
 
 
 def load_tiny_target(directory: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -31,6 +33,12 @@ def load_tiny_target(directory: Path) -> tuple[PreTrainedModel, PreTrainedTokeni
     path = save_tiny_chat_model(directory)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return model, AutoTokenizer.from_pretrained(path)
+
+
+def drafted_block(kind: str, drafts: int) -> int:
+    """The block size of a ``kind`` drafter that drafts ``drafts`` tokens per block: DFlash2's 1 + N layout spends
+    its first slot on the anchor, so it needs one more slot than the others for the same budget."""
+    return drafts + 1 if kind == "dflash2" else drafts
 
 
 def drafter_recipe(
@@ -42,8 +50,11 @@ def drafter_recipe(
         "eagle3": dict(
             num_layers=1, markov_rank=0, confidence_head=False, ttt_steps=block_size, draft_vocab_size=draft_vocab_size
         ),
+        "dflash2": dict(num_layers=1, markov_rank=0, confidence_head=False, labels="zlab", conv_kernel_size=2,
+                        conv_group_size=8, selector_rank=8, selector_top_k=8),
     }[kind]
-    drafter = DrafterConfig(kind=kind, block_size=block_size, mask_token_id=mask_token_id, **settings)
+    drafter = DrafterConfig(kind=kind, block_size=drafted_block(kind, block_size), mask_token_id=mask_token_id,
+                            **settings)
     return RecipeConfig(drafter=drafter, target=TargetConfig(layer_ids=LAYER_IDS[kind]))
 
 
@@ -76,13 +87,15 @@ def random_drafter(
                 module.markov_head.markov_w2.weight.normal_(std=0.5)
             if module.confidence_head is not None:
                 module.confidence_head.proj.bias.fill_(0.5)
+    if isinstance(module, DFlash2Drafter):
+        randomize(module, seed)
     return LoadedDrafter(
         module=module.eval(),
         kind=kind,
-        block_size=block_size,
+        block_size=cfg.drafter.block_size,
         target_layer_ids=LAYER_IDS[kind],
         mask_token_id=mask_id,
         confidence_temperatures=None,
-        labels="dspark",
+        labels=cfg.drafter.labels,
         source="training",
     )

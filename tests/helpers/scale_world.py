@@ -40,6 +40,7 @@ SCALE_TIER: dict[str, str] = {
         for size, target in (("4b", "Qwen3-4B"), ("8b", "Qwen3-8B"), ("14b", "Qwen3-14B"))
         for variant in ("", "-dflash", "-eagle3")
     },
+    "qwen3-8b-dflash2": "Qwen3-8B",
     "qwen3-8b-v32k": "Qwen3-8B",
     "qwen3-30b-a3b": "Qwen3-30B-A3B",
     "qwen3-235b-a22b": "Qwen3-235B-A22B",

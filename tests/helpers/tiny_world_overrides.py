@@ -1,6 +1,6 @@
-"""Recipe overrides that point the tiny recipes (``tiny-dspark``, ``tiny-dflash``, ``tiny-eagle3``) at the
-session's `test`-preset tiny world: ``world_overrides`` for a recipe that only has to load, ``training_overrides``
-for a short run that trains, evaluates and checkpoints."""
+"""Recipe overrides that point the tiny recipes (``tiny-dspark``, ``tiny-dflash``, ``tiny-eagle3``,
+``tiny-dflash2``) at the session's `test`-preset tiny world: ``world_overrides`` for a recipe that only has to
+load, ``training_overrides`` for a short run that trains, evaluates and checkpoints."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 # The `test` preset's target has 2 decoder layers (taps from layer 0 only) and a 512-token vocabulary.
-LAYER_IDS = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]"}
+LAYER_IDS = {"tiny-dspark": "[0]", "tiny-dflash": "[0]", "tiny-eagle3": "[0,0,0]", "tiny-dflash2": "[0]"}
 
 
 def world_overrides(tiny_world: Path, recipe: str, out: Path) -> list[str]:

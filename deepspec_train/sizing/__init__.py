@@ -1,8 +1,9 @@
 """Sizing arithmetic for a production run: stream payload, FLOPs and memory per worker, and the split of a
 cluster's GPUs into tensor-parallel target groups and drafter workers.
 
-Used by ``docs/train_qwen3_8b.md`` (its sizing tables are printed by ``python -m deepspec_train.sizing``) and by
-``tests/test_production_recipes.py``. Everything is computed for a *nominal packing*: ``num_sequences``
+Used by ``docs/train_qwen3_8b.md`` (its sizing tables are printed by ``python -m deepspec_train.sizing``,
+``sizing/__main__.py``) and by ``tests/test_production_recipes.py``; the accounting of drafter groups is in
+``sizing/groups.py``. Everything is computed for a *nominal packing*: ``num_sequences``
 sequences of ``seq_len`` tokens, fully supervised, each with ``anchors`` anchors spread evenly over the valid
 range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly always does with 512 anchors).
 
@@ -20,7 +21,6 @@ range ``0 .. seq_len-2`` (so the last anchor sits at the end, as it nearly alway
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 from dataclasses import dataclass
@@ -375,7 +375,7 @@ def meta_drafter(cfg: RecipeConfig, hf_config: Any) -> torch.nn.Module:
         return build_drafter_for_geometry(cfg, geometry)
 
 
-def _recipe_and_target(recipe: str, target: Optional[str]) -> tuple[RecipeConfig, Any]:
+def recipe_and_target(recipe: str, target: Optional[str]) -> tuple[RecipeConfig, Any]:
     """The recipe, its taps moved to ``target``'s (when given, for a target without a recipe), and the config."""
     import dataclasses
 
@@ -392,7 +392,7 @@ def sizing_row(recipe: str, seq_len: int, flops_per_s: float = ASSUMED_FLOPS_PER
     """One line of the docs' per-recipe table for ``recipe`` at nominal sequence length ``seq_len`` (one node)."""
     from deepspec_train.models.geometry import geometry_from_target_config
 
-    cfg, hf_config = _recipe_and_target(recipe, None)
+    cfg, hf_config = recipe_and_target(recipe, None)
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
     drafter = meta_drafter(cfg, hf_config)
     anchors = nominal_anchor_count(cfg, seq_len)
@@ -422,7 +422,7 @@ def cluster_row(recipe: str, target: Optional[str], nodes: int, seq_len: int,
     trained with ``recipe``'s drafter)."""
     from deepspec_train.models.geometry import geometry_from_target_config
 
-    cfg, hf_config = _recipe_and_target(recipe, target)
+    cfg, hf_config = recipe_and_target(recipe, target)
     geometry = geometry_from_target_config(hf_config, cfg.drafter.intermediate_size)
     drafter_gb = drafter_worker_bytes(meta_drafter(cfg, hf_config), hf_config.vocab_size * hf_config.hidden_size)
     drafter_need = drafter_gb + DRAFTER_ACTIVATION_BYTES
@@ -543,57 +543,8 @@ def long_context_rows() -> list[dict[str, Any]]:
     return rows
 
 
-def _print_table(columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
-    print("| " + " | ".join(title for _, title in columns) + " |")
-    print("|" + "---|" * len(columns))
-    for row in rows:
-        cells = [f"{row[key]:,.1f}" if isinstance(row[key], float) else str(row[key]) for key, _ in columns]
-        print("| " + " | ".join(cells) + " |")
-
-
 # The production recipes of the target families beyond Qwen3 (Llama 3, Gemma 3, GPT-OSS, DeepSeek-V3 / Kimi-K2).
 FAMILY_RECIPES = (
     "llama-3.1-8b", "llama-3.1-8b-dflash", "llama-3.1-8b-eagle3", "llama-3.3-70b", "gemma-3-12b", "gpt-oss-20b",
     "gpt-oss-120b", "deepseek-v3", "kimi-k2",
 )
-# The cluster table's targets: (recipe whose drafter trains, target without a recipe of its own or None).
-CLUSTER_TARGETS = [
-    ("qwen3-8b", None), ("qwen3-14b", None), ("qwen3-8b", "Qwen3-32B"), ("qwen3-30b-a3b", None),
-    ("qwen3-235b-a22b", None),
-]
-
-
-def main() -> None:
-    """Print the docs' two sizing tables (markdown): every dense production recipe on one node at 1024, 2048 and
-    4096 tokens and every other family's recipe at 2048, then colocated against streamed splits with TP groups
-    for the large targets on 1, 2, 4 nodes."""
-    columns = [
-        ("recipe", "recipe"), ("seq_len", "L"), ("target_tok_s", "target tok/s"), ("drafter_tok_s", "drafter tok/s"),
-        ("drafter_per_target", "drafter/target FLOPs"), ("colocated_seq_s_node", "colocated seq/s/node"),
-        ("best_split", "best T:D"), ("split_seq_s_node", "T:D seq/s/node"), ("target_weights_gb", "target GB"),
-        ("drafter_state_gb", "drafter GB"), ("payload_mb_per_seq", "payload MB/seq"),
-        ("payload_bytes_per_supervised", "B/supervised tok"),
-    ]
-    qwen3 = [f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")]
-    rows = [{"recipe": r, "seq_len": n} | sizing_row(r, n) for r in qwen3 for n in (1024, 2048, 4096)]
-    rows += [{"recipe": recipe, "seq_len": 2048} | sizing_row(recipe, 2048) for recipe in FAMILY_RECIPES]
-    _print_table(columns, rows)
-    print()
-    columns = [
-        ("target", "target"), ("nodes", "nodes"), ("seq_len", "L"), ("target_weights_gb", "target GB"),
-        ("colocated_gb", "colocated GB/GPU"), ("colocated_seq_s_node", "colocated seq/s/node"),
-        ("best_split", "best G x TP : D"), ("plan", "TP plan"), ("split_seq_s_node", "streamed seq/s/node"),
-        ("target_rank_gb", "target rank GB"), ("drafter_gb", "drafter GB"), ("in_flight_mb", "stream MB in flight"),
-    ]
-    _print_table(columns, [
-        cluster_row(recipe, target, nodes, 2048) for recipe, target in CLUSTER_TARGETS for nodes in (1, 2, 4)
-    ])
-    print("\n### Long context: GB per GPU of a target rank and a drafter rank (one sequence per target forward)\n")
-    rows = long_context_rows()
-    _print_table([(key, key) for key in rows[0]], rows)
-
-
-if __name__ == "__main__":
-    # The tables take no option: parsing answers --help (exit 0) and refuses anything else before the work starts.
-    argparse.ArgumentParser(prog="python -m deepspec_train.sizing", description=main.__doc__).parse_args()
-    main()
