@@ -33,7 +33,8 @@
 Writes ``OUT/quality.md`` (the tables), ``OUT/quality.json`` (every number), ``OUT/traces/*.jsonl`` (every
 temperature, and the calibration prompts' rounds), each first-seed run's
 ``OUT/groups/RECIPE-seed0/eval/{results.json,traces.jsonl}`` at the first temperature (what ``deepspec eval``
-writes, so ``deepspec compare`` / ``calibrate`` / ``simulate`` read them) and a W&B run (offline unless ``WANDB_MODE`` says otherwise; group = the target's name, like the training runs).
+writes, so ``deepspec compare`` / ``calibrate`` / ``simulate`` read them) and a W&B run (offline unless
+``WANDB_MODE`` says otherwise; group = the target's name, like the training runs).
 Nothing is selected on the suites: recipes are chosen on validation data (``--on validation`` decodes the
 validation conversations' prompts, one category each, instead of the suites), the suites only report.
 """
@@ -374,7 +375,8 @@ def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list,
         c = report["confidence"]
         lines += ["", f"## Confidence head of {ref} (STS fit on {c['fit_rounds']} rounds of {c['prompts']} validation "
                   f"prompts, scored on {c['test_rounds']} held-out suite rounds at T = 1)", "", "```",
-                  *summary_lines(HeldOutConfidence(**{k: v for k, v in c.items() if k not in ("prompts", "auroc_bound")})),
+                  *summary_lines(HeldOutConfidence(**{k: v for k, v in c.items()
+                                                      if k not in ("prompts", "auroc_bound")})),
                   "```", "", "AUROC ceiling per position (c*_k of the drafted prefix against acceptance, same rounds): "
                   + " ".join(f"{b:.3f}" for b in c["auroc_bound"])]
     return "\n".join(lines)

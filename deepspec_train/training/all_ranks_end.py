@@ -9,7 +9,8 @@ message (``error: rank R: ...``) is printed once, by the rank that saw it.
 
 The rank that posts waits (a few seconds at most) until every other rank has read the post before it leaves:
 without an agent, rank 0 hosts the store, and its exit would take the post down with it. For the same reason
-rank 0, when it reads another rank's post, leaves only once every rank has read it.
+rank 0, when it reads another rank's post, leaves only once every rank has read it (a rank that posts counts as
+having read).
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class EndTogether:
         """Post ``error`` for the other ranks and leave with status 2; only the first rank to post prints."""
         first = True
         try:
+            # A posting rank knows the error without reading the post (its watcher has stopped): it counts as read,
+            # else rank 0, waiting for every reader before it leaves, would wait out READ_WAIT_S for it while this
+            # rank leaves and takes rank 0's collectives down with a failure of their own.
+            self._store.set(f"{_READ_PREFIX}{self.rank}", "1")
             first = self._store.add(_POSTERS, 1) == 1
             if first:
                 self._store.set(_POSTED, str(self.rank))
