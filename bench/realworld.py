@@ -22,6 +22,9 @@ judged on GSM8K test and HumanEval with the exact speculative decoder.
    (``evaluation.seed_bootstrap``), and the modeled speedup of the kinds' production counterparts
    (``bench/modeled_speedup.py``: the same structure at Qwen3-8B widths on an H200, batch 1 and 32).
 
+5. Shows how far from converged the budget leaves them: each kind's validation E[L] at ``--evaluations`` points
+   of training, over its seeds (``bench/validation_curve.py``; a table and ``OUT/validation_expected_len.png``).
+
 Writes ``OUT/realworld.md`` and ``OUT/realworld.json``; each run's directory is ``OUT/groups/RECIPE-seedS``
 (listed in ``OUT/groups.json``).
 """
@@ -34,6 +37,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,7 +48,9 @@ sys.path.insert(0, str(REPO))
 
 from bench.first_token_law import first_token_law  # noqa: E402
 from bench.modeled_speedup import modeled_cost, speedup_ratios, trained_settings  # noqa: E402
+from bench.validation_curve import curve_of, curves_table, plot_curves  # noqa: E402
 from bench.group_training import TrainingPlan, plan_training, train_all  # noqa: E402
+from deepspec_train.config.loader import read_recipe  # noqa: E402
 from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
     BenchDrafter, DecodeSettings, decode_interleaved, markdown, ratio_cell, totals_by_category,
 )
@@ -61,6 +67,23 @@ GOALS = {(REFERENCE, "smollm2-135m-eagle3"): 1.25, (REFERENCE, "smollm2-135m-dfl
 SUITES = {"gsm8k": "gsm8k", "humaneval": "humaneval"}
 
 
+@dataclass(frozen=True)
+class Budget:
+    """What the benchmark trains and decodes: training steps, anchors per sequence and sequences per step of every
+    run, prompts per suite, answer tokens and sampling seeds at T > 0."""
+
+    steps: int
+    anchors: int
+    batch: int
+    prompts: int
+    new_tokens: int
+    sampling_seeds: int
+
+
+# Fits 90 minutes on the 2-core machine with 3 training seeds of the 3 kinds (measured: docs/howto/real_model.md).
+LAPTOP = Budget(steps=300, anchors=16, batch=4, prompts=20, new_tokens=64, sampling_seeds=1)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default="artifacts/smollm2/target", help="built by `deepspec realworld build`")
@@ -68,22 +91,32 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--datasets", default=str(REPO.parent / "shared" / "datasets"), help="GSM8K and HumanEval")
     p.add_argument("--out", default="runs/realworld")
     p.add_argument("--training-seeds", type=int, default=3, help="drafters trained per kind (default 3)")
-    p.add_argument("--steps", type=int, default=None, help="training steps of every run (default: the recipes')")
+    # The defaults are the laptop budget: the whole benchmark in under 90 minutes on 2 CPU cores (docs/howto/
+    # real_model.md has the measured time and the validation curve showing how far from converged it leaves them).
+    # `--steps 0 --anchors 0 --batch 0` trains at the recipes' own budget instead.
+    p.add_argument("--steps", type=int, default=LAPTOP.steps, help="training steps of every run (0: the recipes')")
+    p.add_argument("--anchors", type=int, default=LAPTOP.anchors,
+                   help="anchors per sequence (0: the recipes' 512; the drafter's LM head over them dominates a step)")
+    p.add_argument("--batch", type=int, default=LAPTOP.batch, help="sequences per step (0: the recipes')")
+    p.add_argument("--evaluations", type=int, default=4,
+                   help="validation E[L] evaluations over the budget (the convergence curve; 0: the recipes')")
     p.add_argument("--override-all", action="append", default=[], metavar="KEY=VALUE",
                    help="a recipe override for every run (the shared budget and data); repeatable")
     p.add_argument("--reuse", action="store_true",
                    help="do not train a kind whose every training seed has OUT/groups/RECIPE-seedS/drafter")
-    p.add_argument("--prompts", type=int, default=40, help="prompts drawn from each suite (default 40)")
-    p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--sampling-seeds", type=int, default=2, help="sampling seeds at T > 0, pooled per prompt")
+    p.add_argument("--prompts", type=int, default=LAPTOP.prompts, help="prompts drawn from each suite")
+    p.add_argument("--new-tokens", type=int, default=LAPTOP.new_tokens)
+    p.add_argument("--sampling-seeds", type=int, default=LAPTOP.sampling_seeds,
+                   help="sampling seeds at T > 0, pooled per prompt")
     p.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.0])
     p.add_argument("--exactness-prompts", type=int, default=2, help="prompts of the T = 0 exactness check")
     p.add_argument("--distribution-samples", type=int, default=2000,
                    help="first rounds of the T = 1 first-token law test per drafter (0: skip)")
     p.add_argument("--bootstrap", type=int, default=4000, help="bootstrap replicates")
     p.add_argument("--decode-workers", type=int, default=len(os.sched_getaffinity(0)))
-    p.add_argument("--train-jobs", type=int, default=1,
-                   help="grouped training commands run at the same time, the kinds split between them (default 1)")
+    p.add_argument("--train-jobs", type=int, default=len(os.sched_getaffinity(0)),
+                   help="grouped training commands run at the same time, the kinds split between them (default: one "
+                        "per core; each pays its own target forward, small beside the drafters' LM heads here)")
     p.add_argument("--no-progress", action="store_true")
     return p.parse_args(argv)
 
@@ -109,11 +142,20 @@ def run_name(recipe: str, seed: int) -> str:
 
 def training_plan(args: argparse.Namespace, out: Path, data: Path, target: Path) -> TrainingPlan:
     """Every kind x training seed as a drafter group, on the regenerated data with one budget."""
-    steps = [] if args.steps is None else [f"train.max_steps={args.steps}", f"train.eval_every={args.steps}",
-                                           f"train.checkpoint_every={args.steps}"]
+    budget = []
+    if args.steps:
+        budget += [f"train.max_steps={args.steps}", f"train.checkpoint_every={args.steps}"]
+    if args.anchors:
+        budget.append(f"anchors.num_per_sequence={args.anchors}")
+    if args.batch:
+        budget += [f"train.global_batch_sequences={args.batch}", f"train.micro_batch_sequences={args.batch}"]
+    # Several validation points make the E[L] curve that shows how far from converged the budget leaves them.
+    if args.evaluations:
+        steps = args.steps or read_recipe(RECIPES[0])[1].train.max_steps
+        budget.append(f"train.eval_every={max(1, steps // args.evaluations)}")
     shared = [f"target.path={target}", f"data.train=[{data / 'train.jsonl'}]",
               f"data.validation=[{data / 'validation.jsonl'}]", f"data.cache_dir={out / 'cache'}",
-              "logging.wandb=false", f"logging.progress={str(not args.no_progress).lower()}", *steps,
+              "logging.wandb=false", f"logging.progress={str(not args.no_progress).lower()}", *budget,
               *args.override_all]
     plan = plan_training(list(RECIPES), args.training_seeds, shared, {}, out, args.train_jobs, args.reuse)
     for note in plan.notes:
@@ -183,8 +225,9 @@ def tables_at(temperature: float, rows, args: argparse.Namespace, factors) -> tu
     for pair, goal in GOALS.items():
         g = ratios[pair]["geomean"]
         met = g.value >= goal and g.excludes_one()
-        lines.append(f"- {pair[0]} / {pair[1]} ({args.training_seeds} training seed(s) each): geomean {g.value:.3f} [{g.low:.3f}, {g.high:.3f}]; goal >= {goal} "
-                     f"with the interval excluding 1: {'met' if met else 'not met'}")
+        lines.append(f"- {pair[0]} / {pair[1]} ({args.training_seeds} training seed(s) each): geomean "
+                     f"{g.value:.3f} [{g.low:.3f}, {g.high:.3f}]; goal >= {goal} with the interval excluding 1: "
+                     f"{'met' if met else 'not met'}")
     report = {"tau": taus,
               "ratios": {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()} for (a, b), per in ratios.items()},
               "modeled_speedup_ratios": {str(n): {f"{a}/{b}": {c: e.to_dict() for c, e in per.items()}
@@ -219,15 +262,24 @@ def main(argv: list[str]) -> int:
 
     prompts = ", ".join(f"{s.name} {len(s.prompts)}" for s in suites)
     text = [f"# SmolLM2-135M-Instruct: DSpark against EAGLE-3 and DFlash ({args.training_seeds} training seed(s) "
-            f"per kind, {args.steps or 'recipe'} steps; {prompts} prompts; {args.new_tokens} new tokens)", "",
+            f"per kind, {args.steps or 'recipe'} steps of {args.batch or 'recipe'} sequences, "
+            f"{args.anchors or 'recipe'} anchors per sequence; {prompts} prompts; {args.new_tokens} new tokens)", "",
             f"Exactness: greedy speculative decoding equals generate(do_sample=False) for {checked} "
             "(drafter, prompt) pairs.", "", *plan.notes]
     if args.distribution_samples:
         first_seed = [d for d in drafters if d.name.endswith("@s0")]
         text += [f"T = 1 distribution test ({suites[0].name}'s first prompt):",
                  *distribution_lines(target, tokenizer, first_seed, suites[0], args.distribution_samples), ""]
+    curves = {r.removeprefix("smollm2-135m-"): curve_of([plan.run_dir(r, s) for s in range(args.training_seeds)])
+              for r in RECIPES}
+    plot = plot_curves(curves, out / "validation_expected_len.png")
+    evaluated = plan.groups[(RECIPES[0], 0)].cfg.train.eval_sequences
+    text += [f"Validation E[L] by training step (up to {evaluated} validation conversations; mean [lowest, highest] "
+             f"over {args.training_seeds} training seed(s); plot: {plot.name}):",
+             "", curves_table(curves), ""]
     report: dict = {"settings": vars(args), "training_seeds": args.training_seeds, "train_seconds": train_seconds,
-                    "training_notes": plan.notes, "exactness_pairs": checked, "temperatures": {}}
+                    "training_notes": plan.notes, "exactness_pairs": checked,
+                    "validation_expected_len": {k: vars(c) for k, c in curves.items()}, "temperatures": {}}
     for temperature in args.temperatures:
         seeds = tuple(range(args.sampling_seeds)) if temperature > 0 else (0,)
         settings = DecodeSettings(temperature, seeds, args.new_tokens)
