@@ -9,8 +9,8 @@ message (``error: rank R: ...``) is printed once, by the rank that saw it.
 
 The rank that posts waits (a few seconds at most) until every other rank has read the post before it leaves:
 without an agent, rank 0 hosts the store, and its exit would take the post down with it. For the same reason
-rank 0, when it reads another rank's post, leaves only once every rank has read it (a rank that posts counts as
-having read).
+rank 0 leaves only once every other rank is done with the store: it has read the post, or posted and finished
+waiting (each rank's read key marks that; rank 0 marks its own first, since a first poster waits for it).
 """
 
 from __future__ import annotations
@@ -66,15 +66,17 @@ class EndTogether:
         """Post ``error`` for the other ranks and leave with status 2; only the first rank to post prints."""
         first = True
         try:
-            # A posting rank knows the error without reading the post (its watcher has stopped): it counts as read,
-            # else rank 0, waiting for every reader before it leaves, would wait out READ_WAIT_S for it while this
-            # rank leaves and takes rank 0's collectives down with a failure of their own.
-            self._store.set(f"{_READ_PREFIX}{self.rank}", "1")
+            # A rank's read key says it is done with the store. Rank 0 hosts it, so it marks itself first (a first
+            # poster elsewhere waits for it) and leaves last; every other rank marks itself after its last store call.
+            if self.rank == 0:
+                self._store.set(f"{_READ_PREFIX}{self.rank}", "1")
             first = self._store.add(_POSTERS, 1) == 1
             if first:
                 self._store.set(_POSTED, str(self.rank))
-                others = [f"{_READ_PREFIX}{r}" for r in range(self.world_size) if r != self.rank]
-                self._store.wait(others, datetime.timedelta(seconds=READ_WAIT_S))
+            if first or self.rank == 0:
+                self._store.wait(self._other_read_keys(), datetime.timedelta(seconds=READ_WAIT_S))
+            if self.rank != 0:
+                self._store.set(f"{_READ_PREFIX}{self.rank}", "1")
         except RuntimeError:
             # The store is gone (its host left) or a rank did not read the post in time: it still ends on its own
             # (its watcher, its collectives' timeouts).
@@ -101,11 +103,13 @@ class EndTogether:
             sys.stderr.flush()
             os._exit(USER_ERROR_EXIT_CODE)
 
+    def _other_read_keys(self) -> list[str]:
+        return [f"{_READ_PREFIX}{r}" for r in range(self.world_size) if r != self.rank]
+
     def _wait_for_readers(self) -> None:
         """Rank 0 hosts the store without an agent: leaving before the other ranks have read the post would take it
         down under them, and a rank that then loses the store reports a failure instead of the user error."""
-        others = [f"{_READ_PREFIX}{r}" for r in range(self.world_size) if r != self.rank]
         try:
-            self._store.wait(others, datetime.timedelta(seconds=READ_WAIT_S))
+            self._store.wait(self._other_read_keys(), datetime.timedelta(seconds=READ_WAIT_S))
         except RuntimeError:
             pass  # a rank that did not read in time ends on its own (its watchdog, its collectives' timeouts)
