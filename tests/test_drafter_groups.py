@@ -44,18 +44,6 @@ def group_args(tiny_world: Path, out: Path, seeds: int = 1, steps: int = 4, extr
     return ["recipe=tiny-dspark", "compare=[tiny-eagle3]", f"seeds={seeds}", *common, *taps, *extra]
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def train_alone(tiny_world: Path, recipe: str, out: Path, seed: int, steps: int = 4) -> Path:
     """The recipe trained alone with the group's seed and data order; its run directory."""
     run_training(load_recipe(recipe, training_overrides(tiny_world, recipe, out, steps)
@@ -148,7 +136,10 @@ def test_dry_run_prints_every_group_and_writes_nothing(tiny_world: Path, tmp_pat
 
 
 @pytest.mark.slow
-def test_preemption_checkpoints_every_group_and_resume_restores_them_all(tiny_world: Path, tmp_path: Path) -> None:
+def test_preemption_checkpoints_every_group_and_resume_restores_them_all(tiny_world: Path, tmp_path: Path,
+                                                                          one_torch_thread) -> None:
+    # The preempted part runs in a one-thread process: the parts run here must too, since a second intra-op thread
+    # changes the losses' last bits.
     steps = 40
     cadence = (f"train.eval_every={steps}", f"train.checkpoint_every={steps}")
     full, split = tmp_path / "full", tmp_path / "split"

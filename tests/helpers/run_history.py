@@ -32,6 +32,10 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 def assert_same_training(got: Path, expected: Path) -> None:
     """``got`` logged the same losses and metrics at every step as ``expected`` and ended with equal weights."""
-    assert history(got) == history(expected)
+    got_history, expected_history = history(got), history(expected)
+    differing = {step: (got_history.get(step), expected_history.get(step))
+                 for step in sorted(set(got_history) | set(expected_history))
+                 if got_history.get(step) != expected_history.get(step)}
+    assert not differing, f"steps whose logged training differs (got, expected): {differing}"
     a, b = weights(got), weights(expected)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
