@@ -219,3 +219,15 @@ def test_train_py_refuses_a_launch_with_more_drafters_than_sequences(tiny_world:
     proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
     assert proc.returncode == 2
     assert "is fewer than the 9 drafter rank(s)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_train_py_refuses_a_dflash2_recipe_that_does_not_fit_the_target_in_one_line(tiny_world: Path,
+                                                                                     tmp_path: Path) -> None:
+    # The target rules of a kind run where a user meets them: `python train.py recipe=... key=value`, before
+    # anything loads (the test preset's target is 64 wide, so groups of 24 channels cannot split it).
+    args = ["recipe=tiny-dflash2", *world_overrides(tiny_world, "tiny-dflash2", tmp_path), "drafter.conv_group_size=24"]
+    proc = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "drafter.conv_group_size = 24 must divide the target's hidden width (hidden_size = 64)" in lines[0]
+    assert not (tmp_path / "run").exists()
