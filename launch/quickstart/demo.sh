@@ -14,15 +14,13 @@
 # runs/demo), TRAIN_JOBS=N (grouped training commands side by side, default 2: on 2 cores two one-thread processes
 # beat one two-thread process on these tiny models). Decoding runs one one-thread worker per core. Each drafter's
 # run directory is RUNS/groups/RECIPE-seedS.
-# Time budget (35 minutes on the 2-core machine; not re-timed with DFlash2, see docs/benchmarks.md): the demo took
-# 34 min 51 s from a fresh clone training four recipes x 600 steps x 1 seed as four runs two at a time, each paying
-# its own target forward. Now five drafters train in two grouped commands ({DSpark, DFlash, EAGLE-3} and {DSpark
-# vanilla, DFlash2}: bench/quality.py splits the recipes round robin), so three target passes of the five are
-# saved, but the DFlash2 drafter step is added (about 1.5 DFlash steps on the test world) and every prompt is decoded
-# by five drafters instead of four. Each further training seed multiplies the drafters' training and decoding (the
-# target pass stays shared), about doubling the run at TRAINING_SEEDS=2, so the default is 1 training seed: the
-# report then says so beside every ratio, and its intervals cover prompts only. TRAINING_SEEDS=3 (the issue's
-# comparison) is for a longer run or a faster machine.
+# Time budget (35 minutes on the 2-core machine): from a fresh clone the demo took 21 min 40 s on 2026-12-07
+# (docs/benchmarks.md): environment 1 min, tiny world 2.5, training the five drafters in two grouped commands
+# ({DSpark, DFlash, EAGLE-3} and {DSpark vanilla, DFlash2}: bench/quality.py splits the recipes round robin, each
+# command sharing one target pass) 9.7, decoding 8, the rest under 1. Each further training seed repeats the
+# drafters' training and decoding (the target pass stays shared), roughly 18 more minutes, so the default is 1
+# training seed: the report then says so beside every ratio, and its intervals cover prompts only.
+# TRAINING_SEEDS=3 (a comparison that counts training variance) is for a longer run or a faster machine.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash launch/quickstart/setup_env.sh
