@@ -45,6 +45,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_mean  # noqa: E402
 from deepspec_train.models.block_drafting import DraftContext  # noqa: E402
 from deepspec_train.models.dflash2_drafter import DFlash2Drafter  # noqa: E402
 from deepspec_train.models.dflash2_drafting import selector_lattice  # noqa: E402
@@ -193,52 +194,31 @@ def first_slot_acceptance(loaded, target_features: torch.Tensor, ids: torch.Tens
 # --- means over conversations --------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Estimate:
-    """A token-weighted mean and its 95% bootstrap interval over conversations."""
-
-    value: float
-    low: float
-    high: float
-
-    def __str__(self) -> str:
-        return f"{self.value:.3f} [{self.low:.3f}, {self.high:.3f}]"
-
-
-def bootstrap_mean(sums: Sequence[float], counts: Sequence[int], replicates: int = BOOTSTRAP_REPLICATES,
-                   seed: int = BOOTSTRAP_SEED) -> Estimate:
-    """``sum(sums) / sum(counts)`` with the 2.5 / 97.5 percentiles of the same ratio over conversations drawn
-    with replacement (the ratio weighs each conversation by its token count)."""
-    sums_arr, counts_arr = np.asarray(sums, dtype=np.float64), np.asarray(counts, dtype=np.float64)
-    if counts_arr.sum() == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"))
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(sums_arr), size=(replicates, len(sums_arr)))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratios = sums_arr[draws].sum(axis=1) / counts_arr[draws].sum(axis=1)
-    low, high = np.nanpercentile(ratios, [2.5, 97.5])
-    return Estimate(float(sums_arr.sum() / counts_arr.sum()), float(low), float(high))
+def interval(estimate: RatioEstimate) -> str:
+    """``value [low, high]`` of a mean and its 95% interval."""
+    return f"{estimate.value:.3f} [{estimate.low:.3f}, {estimate.high:.3f}]"
 
 
 @dataclass
 class Tally:
-    """Per-conversation sums and row counts of named quantities (the bootstrap resamples conversations)."""
+    """Per-conversation values of named quantities (the bootstrap resamples conversations, token-weighted:
+    ``evaluation.paired_bootstrap.bootstrap_mean``)."""
 
-    sums: dict[str, list[float]] = field(default_factory=dict)
+    values: dict[str, list[np.ndarray]] = field(default_factory=dict)
     counts: list[int] = field(default_factory=list)
 
     def add(self, values: dict[str, torch.Tensor | list[float]], rows: int) -> None:
         for name, column in values.items():
-            self.sums.setdefault(name, []).append(float(sum(column)) if isinstance(column, list)
-                                                  else float(column.sum()))
+            array = np.asarray(column, dtype=np.float64) if isinstance(column, list) else column.double().numpy()
+            self.values.setdefault(name, []).append(array)
         self.counts.append(rows)
 
     @property
     def rows(self) -> int:
         return sum(self.counts)
 
-    def estimate(self, name: str) -> Estimate:
-        return bootstrap_mean(self.sums[name], self.counts)
+    def estimate(self, name: str) -> RatioEstimate:
+        return bootstrap_mean(self.values[name], BOOTSTRAP_REPLICATES, BOOTSTRAP_SEED)
 
 
 # --- the command line ----------------------------------------------------------------------------------------
@@ -344,7 +324,7 @@ def drafter_table(drafters: list[BenchDrafter]) -> list[str]:
     for bench in drafters:
         tally = bench.tally
         top_k = str(bench.loaded.module.selector_top_k) if bench.has_selector else "-"
-        cells = [str(tally.estimate(name)) if name in tally.sums else "-" for name in ("head", "ceiling", "selector")]
+        cells = [interval(tally.estimate(name)) if name in tally.values else "-" for name in ("head", "ceiling", "selector")]
         lines.append(f"| {bench.name} | {bench.loaded.kind} | {top_k} | {tally.rows} | {' | '.join(cells)} |")
     return lines
 
