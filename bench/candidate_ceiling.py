@@ -37,7 +37,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 import numpy as np
 import torch
@@ -258,8 +258,14 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return args
 
 
+def refuse(message: str) -> NoReturn:
+    """End on a bad input as the project's commands do: one line on stderr naming it, exit status 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def read_conversations(path: Path, limit: int) -> list[tuple[int, list[dict]]]:
-    """(line number, ``messages``) of the first ``limit`` conversations of ``path``; a one-line SystemExit naming
+    """(line number, ``messages``) of the first ``limit`` conversations of ``path``; a one-line refusal naming
     a bad line."""
     conversations = []
     with path.open() as lines:
@@ -271,21 +277,21 @@ def read_conversations(path: Path, limit: int) -> list[tuple[int, list[dict]]]:
             try:
                 messages = json.loads(line)["messages"]
             except (json.JSONDecodeError, KeyError, TypeError) as err:
-                raise SystemExit(f"{path}:{number}: not a JSON object with a 'messages' list ({err})") from err
+                refuse(f"--data {path}:{number}: not a JSON object with a 'messages' list ({err})")
             conversations.append((number, messages))
     if not conversations:
-        raise SystemExit(f"{path}: no conversations")
+        refuse(f"--data {path}: no conversations")
     return conversations
 
 
 def check_inputs(args: argparse.Namespace) -> tuple[Path, Path]:
     target, data = Path(args.target), Path(args.data)
     if not (target / "config.json").is_file():
-        raise SystemExit(f"{target}: no config.json (not a target model directory)")
+        refuse(f"--target {target}: no config.json (not a target model directory)")
     if not data.is_file():
-        raise SystemExit(f"{data}: no such data file")
+        refuse(f"--data {data}: no such data file")
     if args.drafter and args.temperature <= 0:
-        raise SystemExit("--drafter needs --temperature > 0: first-slot acceptance at T = 0 is argmax agreement")
+        refuse("--drafter needs --temperature > 0: first-slot acceptance at T = 0 is argmax agreement")
     return target, data
 
 
@@ -361,14 +367,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     vocab = target.config.vocab_size
     if any(not 1 <= k <= vocab for k in args.top_k):
-        raise SystemExit(f"--top-k values must be in 1..{vocab} (the target's vocabulary)")
+        refuse(f"--top-k values must be in 1..{vocab} (the target's vocabulary)")
     drafters = [BenchDrafter(Path(d).name, load_exported_drafter(d, str(target_dir))) for d in args.drafter]
     masses = Tally()
     for number, messages in tqdm(conversations, desc="conversations", disable=args.no_progress):
         try:
             answer = answer_tokens(tokenizer, messages, args.answer_tokens)
         except ValueError as err:
-            raise SystemExit(f"{data}:{number}: {err}") from err
+            refuse(f"--data {data}:{number}: {err}")
         logits = logits_of(target, answer)
         masses.add({f"top{k}": mass for k, mass in top_k_mass(logits, args.temperature, args.top_k).items()},
                    answer.length)

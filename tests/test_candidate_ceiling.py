@@ -211,8 +211,13 @@ def test_cli_prints_a_row_per_k_with_masses_growing_with_k(tiny_world, tmp_path,
         assert low <= float(r[2]) <= high
 
 
-def test_cli_refuses_missing_inputs(tiny_world, tmp_path):
-    with pytest.raises(SystemExit, match="no config.json"):
-        cc.main(["--target", str(tmp_path), "--data", str(tiny_world / "conversations" / "validation.jsonl")])
-    with pytest.raises(SystemExit, match="no such data file"):
-        cc.main(["--target", str(tiny_world / "target"), "--data", str(tmp_path / "missing.jsonl")])
+def test_cli_refuses_missing_inputs(tiny_world, tmp_path, capsys):
+    for args, message in (
+        (["--target", str(tmp_path), "--data", str(tiny_world / "conversations" / "validation.jsonl")],
+         "--target " + str(tmp_path) + ": no config.json"),
+        (["--target", str(tiny_world / "target"), "--data", str(tmp_path / "missing.jsonl")], "no such data file"),
+    ):
+        with pytest.raises(SystemExit) as info:
+            cc.main(args)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert info.value.code == 2 and len(err) == 1 and message in err[0], err
