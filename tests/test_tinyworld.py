@@ -35,7 +35,6 @@ from deepspec_train.tinyworld.target_training import (
     lr_at,
     masked_nll,
     packed_windows,
-    planned_steps,
     unigram_entropy,
 )
 from deepspec_train.tinyworld.tokenizer_builder import MASK_TOKEN, build_tokenizer
@@ -177,13 +176,10 @@ def test_masked_nll_matches_brute_force():
     assert masked_nll(model, encoded) == pytest.approx(sum(nlls) / len(nlls), rel=1e-5)
 
 
-def test_lr_schedule_and_step_planning():
+def test_lr_schedule():
     assert lr_at(0, 120, TEST) == pytest.approx(TEST.lr / TEST.warmup_steps)
     assert lr_at(TEST.warmup_steps, 120, TEST) == pytest.approx(TEST.lr)
     assert lr_at(120, 120, TEST) == pytest.approx(0.1 * TEST.lr)
-    assert planned_steps(TEST, seconds_per_step=1e-3) == TEST.max_steps
-    assert planned_steps(TEST, seconds_per_step=TEST.max_train_seconds / 50) == 50
-    assert planned_steps(TEST, seconds_per_step=1e3) == TEST.warmup_steps + 1
 
 
 def test_presets_and_unknown_preset():
@@ -210,6 +206,7 @@ def test_test_preset_builds_fast_and_loads(built_world):
     assert tokenizer.mask_token_id in tokenizer.all_special_ids
     assert report["num_parameters"] == sum(p.numel() for p in model.parameters())
     assert set(report["heldout_loss"]) == set(report["unigram_entropy"]) == set(DOMAINS)
+    assert report["training"]["steps"] == report["training"]["preset_steps"] == TEST.max_steps
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
                                            add_generation_prompt=True, enable_thinking=False)
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")

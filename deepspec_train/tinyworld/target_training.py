@@ -29,7 +29,7 @@ from deepspec_train.tinyworld.presets import TinyWorldPreset
 CHAT_KWARGS = {"enable_thinking": False}
 # RoPE has no learned positions, so the target accepts sequences longer than its training windows.
 MAX_POSITION_EMBEDDINGS = 4096
-# Training steps timed to plan how many fit in the time budget.
+# Training steps timed to plan how many fit in a time cap (``--max-train-seconds``).
 _TIMED_STEPS = 4
 
 
@@ -83,10 +83,12 @@ def lr_at(step: int, total_steps: int, preset: TinyWorldPreset) -> float:
     return preset.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def planned_steps(preset: TinyWorldPreset, seconds_per_step: float) -> int:
-    """Steps that fit in the time budget at the measured speed, at most ``preset.max_steps``: the learning-rate
+def planned_steps(preset: TinyWorldPreset, max_seconds: float | None, seconds_per_step: float) -> int:
+    """The preset's steps, or under a time cap as many as fit in it at the measured speed: the learning-rate
     schedule then ends with the training on a slow machine instead of being cut off at a high rate."""
-    return max(preset.warmup_steps + 1, min(preset.max_steps, int(preset.max_train_seconds / seconds_per_step)))
+    if max_seconds is None:
+        return preset.max_steps
+    return max(preset.warmup_steps + 1, min(preset.max_steps, int(max_seconds / seconds_per_step)))
 
 
 @dataclass
@@ -96,8 +98,11 @@ class TrainStats:
     seconds: float
     tokens_per_s: float
     final_loss: float
-    # Below preset.max_steps when the machine is too slow to run them all in preset.max_train_seconds.
+    # The preset's steps, and the steps the schedule was laid out for: fewer only under a time cap that the
+    # machine's speed cannot fit them in.
+    preset_steps: int
     planned_steps: int
+    max_train_seconds: float | None
     stopped_by_time: bool
 
 
@@ -108,9 +113,12 @@ def train_target(
     preset: TinyWorldPreset,
     seed: int,
     progress: bool = True,
+    max_seconds: float | None = None,
 ) -> TrainStats:
-    """Train ``model`` in place for ``preset.max_steps`` steps, or for as many as fit in
-    ``preset.max_train_seconds`` at the speed of the first steps (then the result depends on the machine)."""
+    """Train ``model`` in place for ``preset.max_steps`` steps: the same weights on an idle and a busy machine.
+
+    With ``max_seconds``, only as many steps as fit in it at the speed of the first steps (the result then
+    depends on the machine's load, which the stats record)."""
     torch.manual_seed(seed)
     windows = packed_windows(conversations, separator, preset.seq_len, random.Random(f"{seed}-windows"))
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -131,12 +139,12 @@ def train_target(
         if step >= total_steps:
             break
         elapsed = time.perf_counter() - start
-        if elapsed > preset.max_train_seconds:
+        if max_seconds is not None and elapsed > max_seconds:
             stopped_by_time = True
             break
-        if step == _TIMED_STEPS:
+        if max_seconds is not None and step == _TIMED_STEPS:
             # Step 0 pays one-off allocation costs; steps 1.._TIMED_STEPS-1 give the speed of this machine.
-            total_steps = planned_steps(preset, (elapsed - first_step_s) / (_TIMED_STEPS - 1))
+            total_steps = planned_steps(preset, max_seconds, (elapsed - first_step_s) / (_TIMED_STEPS - 1))
             bar.total = total_steps
         batch = torch.tensor([next(windows) for _ in range(preset.batch_size)])
         for group in optimizer.param_groups:
@@ -157,7 +165,8 @@ def train_target(
     model.eval()
     seconds = time.perf_counter() - start
     return TrainStats(
-        steps, tokens, seconds, tokens / max(seconds, 1e-9), loss_ema, total_steps, stopped_by_time
+        steps, tokens, seconds, tokens / max(seconds, 1e-9), loss_ema, preset.max_steps, total_steps, max_seconds,
+        stopped_by_time,
     )
 
 
