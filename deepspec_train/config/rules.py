@@ -115,6 +115,8 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     if t.max_steps is not None:
         _at_least(p, "train.max_steps", t.max_steps, 1, " (or unset: train.epochs decides)")
     _at_least(p, "train.global_batch_sequences", t.global_batch_sequences, 1)
+    _at_least(p, "train.feature_reuse", t.feature_reuse, 1, " (1: every step runs the target)")
+    _at_least(p, "train.feature_reuse_bytes", t.feature_reuse_bytes, 1)
     _at_least(p, "train.micro_batch_sequences", t.micro_batch_sequences, 1)
     _at_least(p, "train.eval_every", t.eval_every, 1)
     _at_least(p, "train.eval_sequences", t.eval_sequences, 1)
@@ -125,6 +127,12 @@ def recipe_problems(cfg: RecipeConfig) -> list[str]:
     p.extend(_resume_problems(t.resume))
     if d.init_from is not None and not Path(d.init_from).is_dir():
         p.append(f"drafter.init_from = {d.init_from!r}: no such directory (a drafter export, release or <run>/drafter)")
+    if d.init_from_target_layers is not None:
+        if not d.init_from_target_layers or min(d.init_from_target_layers) < 0:
+            p.append(f"drafter.init_from_target_layers = {d.init_from_target_layers!r} must list target layers >= 0 "
+                     "(or be null)")
+        if d.init_from is not None:
+            p.append("drafter.init_from and drafter.init_from_target_layers both start the drafter: set one")
     if cfg.run.overwrite and t.resume != "none":
         p.append(f"run.overwrite=true starts the run over: it cannot be combined with train.resume={t.resume}")
     if t.distributed == "deepspeed":
@@ -215,6 +223,9 @@ def target_problems(cfg: RecipeConfig, target_config: Mapping[str, Any], uses_ma
             f"target.layer_ids = {cfg.target.layer_ids}: the target has {layers} decoder layers, so a tap must be in "
             f"0..{layers - 2} (never the last layer, whose output is only the final norm's input)"
         )
+    starts = cfg.drafter.init_from_target_layers
+    if isinstance(layers, int) and starts and max(starts) >= layers:
+        p.append(f"drafter.init_from_target_layers = {starts}: the target has {layers} decoder layers (0..{layers - 1})")
     if isinstance(vocab, int):
         if uses_mask_token and cfg.drafter.mask_token_id >= vocab:
             p.append(f"drafter.mask_token_id = {cfg.drafter.mask_token_id} is outside the target's vocabulary (0..{vocab - 1})")

@@ -135,6 +135,10 @@ class DrafterConfig:
     # release, an export or a training output): its weights and heads are loaded, the optimizer starts fresh, and
     # its shapes and vocabulary must fit this recipe's drafter and target (``models.init_from``).
     init_from: Optional[str] = None
+    # Target decoder layers to start the drafter's first decoder layers from (drafter layer i from target layer
+    # ``[i]``; the rest as without it): tensors of the same name and shape are copied, the others keep their init
+    # (``jobs.target_init``). None: random init.
+    init_from_target_layers: Optional[list[int]] = None
     # Recompute activations in backward instead of keeping them (``models.activation_checkpointing``): each
     # DSpark / DFlash backbone layer, each EAGLE-3 TTT step and the context projection (``fc`` in row chunks) keep
     # only their inputs. Same losses and gradients, less memory at long context for one more forward (the long
@@ -204,6 +208,14 @@ class TrainConfig:
     epochs: float = 10.0
     # When set, overrides `epochs`.
     max_steps: Optional[int] = None
+    # Optimizer steps each target pass feeds (``training.feature_replay``): the drafter keeps a pass's
+    # micro-batches and trains on them this many times, so the target runs once per this many steps. 1: every
+    # step runs the target (a run's step count, data order and anchors are per step then; with R, step ``s``
+    # trains on what step ``s // R`` trains on without reuse).
+    feature_reuse: int = 1
+    # The most bytes of features one drafter rank may keep for reuse (one pass's micro-batches); a pass that
+    # does not fit stops the run with one line.
+    feature_reuse_bytes: int = 4 * 2**30
     # Sequences per optimizer step across all drafter ranks.
     global_batch_sequences: int = 512
     # Sequences per micro-batch on one drafter rank.

@@ -50,6 +50,7 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
 from deepspec_train.training.feature_dtypes import feature_dtypes
+from deepspec_train.training.feature_replay import PassReplay
 from deepspec_train.training.feature_source import FeatureSource
 from deepspec_train.training.preemption import Preempted
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
@@ -63,9 +64,11 @@ def resolve_attention(ctx: DistContext) -> str:
 
 
 def total_steps_for(cfg: RecipeConfig, num_sequences: int) -> int:
+    """Optimizer steps of the run: ``train.max_steps``, or ``train.epochs`` of the data (each target pass feeding
+    ``train.feature_reuse`` steps)."""
     if cfg.train.max_steps is not None:
         return cfg.train.max_steps
-    steps_per_epoch = num_sequences // cfg.train.global_batch_sequences
+    steps_per_epoch = num_sequences // cfg.train.global_batch_sequences * cfg.train.feature_reuse
     return max(1, int(math.floor(steps_per_epoch * cfg.train.epochs)))
 
 
@@ -132,7 +135,14 @@ def chunk_builder(cfg: RecipeConfig, tap: TargetTap, device: torch.device) -> Ch
 def train_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:
     """The training steps of drafter ``rank`` of ``world_size``: its strided share of every step."""
     return StepPlan(rows, cfg.train.global_batch_sequences, cfg.run.seed, packing_spec(cfg), rank, world_size,
-                    order_seed=cfg.run.data_seed)
+                    order_seed=cfg.run.data_seed, reuse=cfg.train.feature_reuse)
+
+
+def pass_replay(cfg: RecipeConfig) -> Optional[PassReplay]:
+    """The drafter side's kept target pass when ``train.feature_reuse`` > 1 (None: every step runs the target)."""
+    if cfg.train.feature_reuse == 1:
+        return None
+    return PassReplay(cfg.train.feature_reuse_bytes, cfg.train.feature_reuse)
 
 
 def validation_plan(cfg: RecipeConfig, rows, rank: int, world_size: int) -> StepPlan:

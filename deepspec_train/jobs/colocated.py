@@ -7,10 +7,12 @@ from pathlib import Path
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    chunk_builder, load_token_datasets, start_job, total_steps_for, train_and_finish, train_plan, validation_pass,
+    chunk_builder, load_token_datasets, pass_replay, start_job, total_steps_for, train_and_finish, train_plan,
+    validation_pass,
     validation_plan,
 )
 from deepspec_train.jobs.drafter_init import initialise_from
+from deepspec_train.jobs.target_init import initialise_from_target
 from deepspec_train.kinds.builder import build_drafter
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
@@ -36,10 +38,12 @@ def _train(cfg: RecipeConfig, ctx: DistContext, out_dir: Path) -> TrainSummary:
     tap = TargetTap(target, cfg.target.layer_ids)
     drafter = build_drafter(cfg, target, datasets["train"])
     initialise_from(drafter, cfg)
+    initialise_from_target(drafter, cfg)
     drafter = drafter.to(ctx.device)
     head_weight = target.get_output_embeddings().weight.detach()
     builder = chunk_builder(cfg, tap, ctx.device)
-    source = InProcessFeatureSource(train_plan(cfg, datasets["train"], ctx.rank, ctx.world_size), builder)
+    source = InProcessFeatureSource(train_plan(cfg, datasets["train"], ctx.rank, ctx.world_size), builder,
+                                    pass_replay(cfg))
     validation = None
     if "validation" in datasets:
         validation = validation_pass(validation_plan(cfg, datasets["validation"], ctx.rank, ctx.world_size), builder)

@@ -31,12 +31,14 @@ import torch.distributed as dist
 from deepspec_train.config.loader import save_resolved
 from deepspec_train.console import get_logger
 from deepspec_train.jobs.assembly import (
-    TrainingJob, chunk_builder, load_token_datasets, start_job, total_steps_for, train_plan, validation_pass,
+    TrainingJob, chunk_builder, load_token_datasets, pass_replay, start_job, total_steps_for, train_plan,
+    validation_pass,
     validation_plan,
 )
 from deepspec_train.jobs.drafter_groups import DrafterGroup, naming_errors, write_groups_record
 from deepspec_train.jobs.grouped_streamed import run_streamed_groups
 from deepspec_train.jobs.drafter_init import initialise_from
+from deepspec_train.jobs.target_init import initialise_from_target
 from deepspec_train.jobs.run_directory import claim_output_dir
 from deepspec_train.kinds.builder import build_drafter
 from deepspec_train.target.loading import load_target_model
@@ -139,9 +141,11 @@ def _start(group: DrafterGroup, ctx: DistContext, datasets: dict, target, shared
     torch.manual_seed(cfg.run.seed + ctx.rank)
     drafter = build_drafter(cfg, target, datasets["train"])
     initialise_from(drafter, cfg)
+    initialise_from_target(drafter, cfg)
     drafter = drafter.to(ctx.device)
     builder = chunk_builder(cfg, shared.view(cfg.target.layer_ids), ctx.device)
-    source = InProcessFeatureSource(train_plan(cfg, datasets["train"], ctx.rank, ctx.world_size), builder)
+    source = InProcessFeatureSource(train_plan(cfg, datasets["train"], ctx.rank, ctx.world_size), builder,
+                                    pass_replay(cfg))
     validation = None
     if "validation" in datasets:
         validation = validation_pass(validation_plan(cfg, datasets["validation"], ctx.rank, ctx.world_size), builder)

@@ -39,7 +39,8 @@ IDENTITY_FILE = "run_identity.json"
 IDENTITY_KEYS = (
     "drafter", "target.path", "target.layer_ids", "data.train", "data.validation", "data.max_length", "data.split",
     "data.enable_thinking", "data.supervise_reasoning", "anchors", "run.seed", "run.data_seed",
-    "train.global_batch_sequences", "train.micro_batch_sequences", "loss.distance", "loss.normalizer",
+    "train.global_batch_sequences", "train.micro_batch_sequences", "train.feature_reuse", "loss.distance",
+    "loss.normalizer",
 )
 # Identity keys that change only how the same training is computed (memory against time), not its result.
 IDENTITY_EXEMPT = ("drafter.activation_checkpointing", "drafter.compile")

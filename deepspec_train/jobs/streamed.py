@@ -24,9 +24,11 @@ import torch.distributed as dist
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.assembly import (
-    chunk_builder, load_token_datasets, start_job, total_steps_for, train_and_finish, train_plan, validation_plan,
+    chunk_builder, load_token_datasets, pass_replay, start_job, total_steps_for, train_and_finish, train_plan,
+    validation_plan,
 )
 from deepspec_train.jobs.drafter_init import initialise_from
+from deepspec_train.jobs.target_init import initialise_from_target
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
@@ -203,18 +205,19 @@ def _feed_group(cfg: RecipeConfig, datasets: dict, topology: Topology, group: in
     total_steps = total_steps_for(cfg, len(train_rows))
     last_step = min(total_steps, cfg.train.stop_at_step or total_steps)
     plan = StreamPlan(
-        total_steps, last_step, len(train_rows) // cfg.train.global_batch_sequences,
+        total_steps, last_step, len(train_rows) // cfg.train.global_batch_sequences * cfg.train.feature_reuse,
         cfg.train.eval_every, "validation" in datasets, counts,
     )
     return FeedGroup(feeds, builder, plan, index)
 
 
 def run_drafter_role(cfg: RecipeConfig, ctx: DistContext, topology: Topology, out_dir: Path) -> TrainSummary:
-    source = StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s)
+    source = StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s, pass_replay(cfg))
     # Seeded by the drafter index, as a colocated rank with that index would be, so both modes start alike.
     torch.manual_seed(cfg.run.seed + ctx.rank)
     drafter, head_weight = build_drafter_from_files(cfg, source.plan.token_counts, ctx.device)
     initialise_from(drafter, cfg)
+    initialise_from_target(drafter, cfg)
     validation = source.validation_batches if source.plan.has_validation else None
     job = start_job(cfg, ctx, drafter, head_weight, source, validation, source.plan.total_steps, out_dir)
     return train_and_finish(job)

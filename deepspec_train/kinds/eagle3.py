@@ -164,5 +164,7 @@ EAGLE3 = DrafterKind(
     serving_round=eagle3_round,
     layouts=_layouts,
     holds_export=_holds_export,
+    # One decoder layer, run once per training-time-test step.
+    decoder_layer_prefixes=lambda d: ("midlayer.",),
     default_taps=eagle3_layer_ids,
 )

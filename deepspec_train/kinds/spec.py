@@ -87,6 +87,8 @@ class DrafterKind:
     - ``acceptance(module, output, batch, cfg, target_head_weight)``: per supervised row, the analytic acceptance
       ``c*`` and the argmax hit of the proposal the kind's drafts are verified against, for validation metrics, where
       that proposal is not the loss's ``softmax(lm_head(h) / T)`` (DFlash2's selector); None: the loss's own.
+    - ``decoder_layer_prefixes(drafter_cfg)``: the parameter-name prefixes of the module's decoder layers, in order
+      (what ``drafter.init_from_target_layers`` fills from target layers).
     - ``warm_start``: the other kinds whose trained drafters this kind may start from (``drafter.init_from``) and
       which of its tensors such a start leaves at their init (DFlash2 from DFlash: the convolutions and the
       selector); None: only drafters of this kind.
@@ -117,6 +119,8 @@ class DrafterKind:
                  "tuple[torch.Tensor, torch.Tensor]]]") = None
     target_problems: Optional[Callable[[RecipeConfig, Mapping[str, Any]], list[str]]] = None
     warm_start: Optional["WarmStart"] = None
+    decoder_layer_prefixes: Callable[[DrafterConfig], tuple[str, ...]] = lambda d: tuple(
+        f"layers.{i}." for i in range(d.num_layers))
 
     def load_frozen_heads(self, module: "nn.Module", embed: "torch.Tensor", lm_head: "torch.Tensor") -> None:
         """Copy the target's embedding / LM head into ``module``'s frozen tensors (in place, same dtype)."""

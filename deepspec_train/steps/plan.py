@@ -9,6 +9,11 @@ are left out of that epoch. A step's sequences are strided over the drafter rank
 per step: shares then differ by one sequence, and the trainer's loss is still normalised by the supervised slots
 of all ranks together.
 
+Feature reuse (``train.feature_reuse`` R): each target pass feeds R consecutive optimizer steps. Step ``s`` then
+trains on pass ``s // R`` (its sequences, anchors and packing are those step ``s // R`` has without reuse), so an
+epoch is R times as many steps and a source builds a pass only at its first step (``starts_pass``) or at the step a
+run resumes from; R = 1 is the plan without reuse, step for step.
+
 A checkpoint stores the data position after its last step as (epoch, step in epoch) with a lazy epoch rollover:
 after the last step of epoch ``e`` it reads (e, steps_per_epoch), not (e + 1, 0). ``data_state`` and
 ``next_step_of`` convert between that record and the next global step, for the colocated and streamed sources
@@ -73,17 +78,34 @@ class StepPlan:
     shuffle: bool = True
     # The epoch order's own seed (None: ``seed``, which always draws the anchors).
     order_seed: Optional[int] = None
+    # Optimizer steps per target pass (``train.feature_reuse``).
+    reuse: int = 1
 
     def __post_init__(self) -> None:
         if len(self.rows) < self.sequences_per_step:
             raise ValueError(f"dataset has {len(self.rows)} sequences, fewer than one step's {self.sequences_per_step}")
+        if self.reuse < 1:
+            raise ValueError(f"reuse = {self.reuse}: each target pass feeds at least one step")
+
+    @property
+    def passes_per_epoch(self) -> int:
+        return len(self.rows) // self.sequences_per_step
 
     @property
     def steps_per_epoch(self) -> int:
-        return len(self.rows) // self.sequences_per_step
+        return self.passes_per_epoch * self.reuse
+
+    def pass_of(self, step: int) -> int:
+        """The target pass whose features global ``step`` trains on."""
+        return step // self.reuse
+
+    def starts_pass(self, step: int) -> bool:
+        """Whether ``step`` is the first of its pass's steps (the one that runs the target)."""
+        return step % self.reuse == 0
 
     def position(self, step: int) -> StepPosition:
-        return step_position(step, self.steps_per_epoch)
+        """Where the pass of global ``step`` falls in the data."""
+        return step_position(self.pass_of(step), self.passes_per_epoch)
 
     def sequence_indices(self, step: int) -> list[int]:
         """Dataset indices this rank trains on at global ``step``."""

@@ -4,7 +4,9 @@ It implements the ``training.feature_source.FeatureSource`` protocol like ``InPr
 ``StepBatches``; ``state_dict`` / ``load_state_dict`` with the data position of ``steps.plan``), so the trainer
 does not know where its features come from. A step arrives as an outline (counts) and then one message per
 micro-batch, received only when the trainer asks for the next micro-batch, so the drafter holds one micro-batch of
-features at a time. Its metrics are the stream's own measurements, reduced over the drafter ranks:
+features at a time; with ``train.feature_reuse`` R > 1 (``replay``), a target pass arrives at its first step only
+(or at the step the run resumes from) and the drafter keeps its micro-batches for the pass's other steps
+(``training.feature_replay``), as a colocated drafter does. Its metrics are the stream's own measurements, reduced over the drafter ranks:
 ``stream/target_wait_frac`` (the share of time spent waiting on the stream, mean over ranks),
 ``stream/wire_bytes_per_supervised_token`` and ``stream/peak_bytes_in_flight_group{g}`` (the peak bytes each
 feeding group's send queue held so far).
@@ -13,7 +15,7 @@ feeding group's send queue held so far).
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Iterator, Optional
 
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.steps.plan import data_state, next_step_of
@@ -23,6 +25,7 @@ from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_message, recv_plan, send_ints,
 )
 from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
+from deepspec_train.training.feature_replay import PassReplay
 from deepspec_train.training.feature_source import StepBatches
 
 
@@ -30,8 +33,10 @@ class StreamedFeatureSource:
     """Drafter rank ``ctx.rank``'s steps, received from the target groups that feed it (``ctx``: the drafter
     role's context, over which the metrics are reduced)."""
 
-    def __init__(self, topology: Topology, ctx: DistContext, timeout_s: float):
+    def __init__(self, topology: Topology, ctx: DistContext, timeout_s: float, replay: Optional[PassReplay] = None):
         self.topology = topology
+        self.replay = replay
+        self.reuse = 1 if replay is None else replay.reuse
         self.ctx = ctx
         self.drafter = ctx.rank
         self.device = ctx.device
@@ -86,12 +91,17 @@ class StreamedFeatureSource:
         self._window_start = time.monotonic()
         while self.next_step < self.plan.last_step:
             step = self.next_step
+            self.next_step = step + 1
+            kept = None if self.replay is None else self.replay.kept(step // self.reuse)
+            if kept is not None:
+                yield kept
+                continue
             src = self.topology.target_rank(self.topology.feeder_of(self.drafter, step))
             head = self._receive(src, KIND_TRAIN, step)
             self.supervised += head.supervised
-            self.next_step = step + 1
-            yield StepBatches(head.count, head.active, head.supervised, self._batches(src, step, head.count),
-                              head.slot_counts())
+            received = StepBatches(head.count, head.active, head.supervised, self._batches(src, step, head.count),
+                                   head.slot_counts())
+            yield received if self.replay is None else self.replay.keep(step // self.reuse, received)
 
     def validation_batches(self) -> Iterator[PackedBatch]:
         """The validation micro-batches that follow the last training step received, one at a time."""

@@ -15,6 +15,10 @@ forward (backpressure), so at most ``depth`` micro-batches wait while one is on 
 batch. The queue measures its bytes in flight (queued or being sent) and every message carries the peak so far.
 A background thread does the sends; if a drafter dies, that thread ends the process with a message naming it.
 
+With feature reuse (``train.feature_reuse``: ``StepPlan.starts_pass``) a drafter trains several steps on one
+target pass: the loop builds and sends a drafter's training micro-batches only at the first step of each pass (and
+at the step that drafter starts from); validation still follows every step that validates.
+
 Start-up exchange, per served drafter: the sender sends the plan (``total_steps``, ``steps_per_epoch``, whether
 validation is streamed, and for EAGLE-3 the supervised-token counts that size the draft vocabulary); the
 drafter answers with the global step it starts at (0, or the step of the checkpoint it resumed from), which the
@@ -240,7 +244,10 @@ def run_groups_loop(groups: Sequence[FeedGroup], topology: Topology, stream: Str
             (group, feed) for group in groups for feed in group.feeds
             if starts[group.index, feed.route.drafter] <= step < group.plan.last_step and feed.route.carries(step)
         ]
-        work = [(group, feed, feed.train.chunks(step)) for group, feed in served]
+        # With feature reuse a drafter keeps each pass for its later steps: it gets a pass at the pass's first
+        # step, or at the step it starts from (a resume in the middle of a pass builds that pass again).
+        work = [(group, feed, feed.train.chunks(step)) for group, feed in served
+                if feed.train.starts_pass(step) or step == starts[group.index, feed.route.drafter]]
         position = step_position(step, served[0][0].plan.steps_per_epoch) if served else StepPosition(0, 0)
         _stream_bundle(sink, topology, KIND_TRAIN, step, position, work, after_forward)
         # Validation goes out only after every served drafter has its training step: a drafter reads its

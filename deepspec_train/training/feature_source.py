@@ -12,7 +12,7 @@ uninterrupted one would, and streamed features are the colocated ones.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol
 
 import torch
 
@@ -20,6 +20,9 @@ from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.steps.chunk_plan import chunks_slot_counts, merge_slot_counts
 from deepspec_train.steps.plan import StepPlan, data_state, next_step_of
+
+if TYPE_CHECKING:
+    from deepspec_train.training.feature_replay import PassReplay
 
 
 @dataclass
@@ -75,11 +78,13 @@ class FeatureSource(Protocol):
 
 class InProcessFeatureSource:
     """Colocated feature source: follows ``plan`` step after step and builds each step's chunks with the
-    in-process target (``builder``)."""
+    in-process target (``builder``); with ``replay`` (``train.feature_reuse`` > 1), a pass's later steps train on
+    the micro-batches its first step built."""
 
-    def __init__(self, plan: StepPlan, builder: ChunkBuilder):
+    def __init__(self, plan: StepPlan, builder: ChunkBuilder, replay: Optional["PassReplay"] = None):
         self.plan = plan
         self.builder = builder
+        self.replay = replay
         self.next_step = 0
 
     def state_dict(self) -> dict:
@@ -94,7 +99,15 @@ class InProcessFeatureSource:
 
     def __iter__(self) -> Iterator[StepBatches]:
         while True:
-            chunks = self.plan.chunks(self.next_step)
-            batches = self.builder.build_all(chunks)
+            step = self.next_step
             self.next_step += 1
-            yield StepBatches.of(batches, chunks_slot_counts(chunks))
+            if self.replay is None:
+                yield self._build(step)
+                continue
+            pass_index = self.plan.pass_of(step)
+            kept = self.replay.kept(pass_index)
+            yield kept if kept is not None else self.replay.keep(pass_index, self._build(step))
+
+    def _build(self, step: int) -> StepBatches:
+        chunks = self.plan.chunks(step)
+        return StepBatches.of(self.builder.build_all(chunks), chunks_slot_counts(chunks))
