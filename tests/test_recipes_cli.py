@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from deepspec_train.config.loader import available_recipes, config_to_dict, find_recipe, read_recipe
-from tests.helpers.config_only_target import write_config_only_target
+from tests.helpers.checkable_target import write_chat_rows, write_checkable_target
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,8 +71,10 @@ def test_copy_writes_the_file_to_edit_and_never_replaces_one(tmp_path: Path) -> 
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "mine.txt").exists()
     # The copy is a recipe train.py reads, edits included.
-    target = write_config_only_target(tmp_path / "target")
+    target = write_checkable_target(tmp_path / "target")
+    rows = write_chat_rows(tmp_path / "train.jsonl")
     proc = subprocess.run([sys.executable, str(REPO / "train.py"), "recipe=mine.yaml", f"target.path={target}",
-                           "--dry-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+                           f"data.train=[{rows}]", "data.validation=[]", "--dry-run"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert yaml.safe_load(proc.stdout)["drafter"]["num_layers"] == 2

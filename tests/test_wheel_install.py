@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers.config_only_target import write_config_only_target
+from tests.helpers.checkable_target import write_chat_rows, write_checkable_target
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_SOURCE = shutil.ignore_patterns(
@@ -69,9 +69,10 @@ def test_the_installed_wheel_finds_its_recipes_outside_the_checkout(tmp_path: Pa
     shown = run([deepspec, "recipes", "show", "tiny-dspark"], work, env).stdout
     assert shown.splitlines()[0] == f"# {site / 'deepspec_train' / 'shipped' / 'recipes' / 'tiny-dspark.yaml'}"
     # The whole validation, the DeepSpeed config included: it must come from the package too.
-    target = write_config_only_target(tmp_path / "target")
-    dry_run = run([deepspec, "train", "recipe=tiny-dspark", f"target.path={target}", "train.distributed=deepspeed",
-                   "--dry-run"], work, env).stdout
+    target = write_checkable_target(tmp_path / "target")
+    rows = write_chat_rows(tmp_path / "train.jsonl")
+    dry_run = run([deepspec, "train", "recipe=tiny-dspark", f"target.path={target}", f"data.train=[{rows}]",
+                   "data.validation=[]", "train.distributed=deepspeed", "--dry-run"], work, env).stdout
     resolved = yaml.safe_load(dry_run)
     assert resolved["train"]["distributed"] == "deepspeed" and resolved["target"]["path"] == str(target)
     assert sorted(p.name for p in work.iterdir()) == []

@@ -38,6 +38,7 @@ from deepspec_train.export.engine_files import STS_FILENAME, sts_payload, write_
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.figures import new_figure, save_png
 from deepspec_train.metrics.calibration import ReliabilityCurve, reliability_curve
+from deepspec_train.model_folders import check_drafter_folder
 
 N_BINS = 10
 
@@ -113,6 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.drafter:
+        check_drafter_folder(args.drafter, "--drafter")
     out = ensure_output_dir(args.out, "--out")
     try:
         traces = survival_arrays(read_traces(args.traces))

@@ -22,19 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-
-import torch
-from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM
+from typing import TYPE_CHECKING
 
 from deepspec_train.errors import UserError
-from deepspec_train.evaluation.comparison_eval import run_comparison
 from deepspec_train.output_paths import ensure_output_dir, ensure_output_file
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
-from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, prompt_tokenizer
 from deepspec_train.evaluation.suites import Suite, load_suite
-from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, write_traces
+from deepspec_train.model_folders import check_drafter_folder, check_target_folder
+
+if TYPE_CHECKING:
+    from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,11 +72,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def is_comparison(args: argparse.Namespace) -> bool:
     """Several drafters, or one named ``NAME=DIR``: the Table-1 comparison rather than one ``results.json``."""
-    return len(args.drafter) > 1 or any("=" in d and not Path(d).exists() for d in args.drafter)
+    return len(args.drafter) > 1 or any(_is_named(d) for d in args.drafter)
+
+
+def _is_named(spec: str) -> bool:
+    return "=" in spec and not Path(spec).exists()
+
+
+def drafter_directory(spec: str) -> str:
+    """The directory a ``--drafter`` value names: ``DIR`` or the part after ``NAME=``."""
+    return spec.partition("=")[2] if _is_named(spec) else spec
 
 
 def evaluate_suites(decoder: SpeculativeDecoder, suites: list[Suite], max_new_tokens: int, progress: bool = True):
     """Decode every prompt of every suite; returns (trace rows, per-conversation stats)."""
+    from tqdm.auto import tqdm
+
     traces: list[TraceRound] = []
     stats: list[ConversationStats] = []
     total = sum(len(s.prompts) for s in suites)
@@ -111,6 +120,18 @@ def run(args: argparse.Namespace) -> int:
     names = [s.name for s in suites]
     if len(set(names)) != len(names):
         raise UserError(f"suite names must be distinct, got {names}")
+    # The models' folders (headers only, nothing fetched) before torch and transformers are imported, so that a
+    # wrong path is refused at once.
+    check_target_folder(args.target, "--target", tokenizer=True)
+    for spec in args.drafter:
+        check_drafter_folder(drafter_directory(spec), "--drafter")
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from deepspec_train.evaluation.comparison_eval import run_comparison
+    from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, prompt_tokenizer
+    from deepspec_train.formats.drafter_loader import load_exported_drafter
+
     if comparison:
         return run_comparison(args, suites)
     if len(args.temperature) > 1 or len(args.seed) > 1:

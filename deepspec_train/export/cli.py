@@ -30,6 +30,7 @@ from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
 from deepspec_train.kinds.engine_reading import ENGINES
 from deepspec_train.kinds.layout_registry import LAYOUTS
+from deepspec_train.model_folders import check_drafter_folder, check_target_folder
 
 
 def _engine_list(text: str) -> list[str]:
@@ -67,6 +68,8 @@ def sts_file_for(calibration: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     # The folder is made (and proven writable) before any work; a refused export takes it away again when it was
     # ours and is still empty, so a refusal leaves nothing behind.
+    check_drafter_folder(args.drafter, "--drafter")
+    check_target_folder(args.target, "--target")
     created = not os.path.exists(args.out)
     ensure_output_dir(args.out, "--out")
     temperatures, sts = None, None

@@ -26,6 +26,7 @@ from deepspec_train.data.chat_templates import with_chat_template
 from deepspec_train.data.data_summary import DataSummary
 from deepspec_train.data.usable_rows import describe_source
 from deepspec_train.errors import UserError
+from deepspec_train.model_folders import check_target_folder, loaded_or_refused
 
 SUPERVISED_OPEN, SUPERVISED_CLOSE = "[[", "]]"
 # Rendered characters of the example shown (the rest is cut, and says so).
@@ -64,11 +65,16 @@ def parse_fields(entries: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Before the heavy imports, so a wrong path is refused at once. Only the tokenizer is read: the weights need not
+    # be there, and a hub id is fetched when the hub answers.
+    check_target_folder(args.target, "--target", weights=False, tokenizer=True, allow_hub=True)
     from transformers import AutoTokenizer
 
     from deepspec_train.data.token_shards import ConversationRenderer, build_token_dataset
 
-    tokenizer = with_chat_template(AutoTokenizer.from_pretrained(args.target), args.chat_template)
+    loaded = loaded_or_refused(lambda: AutoTokenizer.from_pretrained(args.target), f"--target {args.target}: its "
+                               "tokenizer does not load")
+    tokenizer = with_chat_template(loaded, args.chat_template)
     renderer = ConversationRenderer(
         tokenizer, args.max_length, {"enable_thinking": args.enable_thinking}, True, args.format,
         parse_fields(args.field),

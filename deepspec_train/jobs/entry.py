@@ -9,10 +9,17 @@ stderr and exit status 2 (``deepspec_train.errors``).
 ``compare=`` / ``seeds=`` make a run of drafter groups (``jobs.drafter_groups``): every group is validated the same
 way before anything loads.
 
-``--dry-run`` stops after that validation and prints the resolved config (YAML) instead of training: the same
-checks run, torch is never imported, and no folder is left behind (the output folders are proven writable
-where they would be created). ``--help`` prints the usage, the recipes found and where recipe keys are
-documented, and exits 0.
+Then ``jobs.preflight`` reads what the run reads first (the target's weight headers and tokenizer, the data
+sources' first rows, ``drafter.init_from``); only when all of it passes are the output folders created, and a
+refusal met once the run has started removes the run folder it created (``jobs.refusal_cleanup``).
+
+``--dry-run`` makes every one of these checks and trains nothing: it prints the resolved config (YAML) and then
+the findings as comment lines (``ok``, ``not checked``, ``stops``), and exits 0 only when a real run would start,
+2 otherwise with one stderr line naming the first finding that stops it. A target folder that is not there yet
+is listed rather than refused before the config is printed. Torch is imported only to load the tokenizer, when
+nothing else stops the run, and no folder is left behind (the output folders are proven writable where they
+would be created). ``--help`` prints the usage, the recipes found and where recipe keys are documented, and
+exits 0.
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ from __future__ import annotations
 import os
 import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 from deepspec_train.config.loader import ConfigError, available_recipes, recipe_dirs, resolved_yaml
+from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.errors import exit_on_user_error
@@ -29,7 +38,9 @@ from deepspec_train.jobs.drafter_groups import (
     dry_run_text, is_group_command_line, launch_and_output_problems, load_groups, parse_group_command_line,
     prepare_directories,
 )
-from deepspec_train.jobs.run_directory import output_dir_problems
+from deepspec_train.jobs.preflight import Preflight, check_init_from, preflight
+from deepspec_train.jobs.refusal_cleanup import removed_if_refused
+from deepspec_train.jobs.run_directory import holds_a_run, output_dir_problems
 from deepspec_train.output_paths import check_output_dir, ensure_output_dir
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...] [--dry-run]"
@@ -65,7 +76,8 @@ def help_text() -> str:
 Train a drafter from a recipe: a name from the folders below or a path to a YAML file, then dotted.key=value
 overrides (e.g. train.lr=3e-4 drafter.num_layers=3). Every value is checked before anything loads.
 
-  --dry-run   check the recipe and overrides as a run does, print the resolved config (YAML), train nothing
+  --dry-run   make every check a run makes (recipe, target files and tokenizer, the data's first rows), print
+              the resolved config (YAML) and what was found, train nothing; exit 0 only if a run would start
   -h, --help  print this help
 
 Drafter groups, several drafters over one target pass (docs/training.md, "Drafter groups"):
@@ -91,21 +103,44 @@ def _train_from_command_line(argv: list[str]) -> int:
     if is_group_command_line(argv):
         return _train_groups(argv, dry_run)
     recipe, overrides = parse_command_line([arg for arg in argv if arg != DRY_RUN])
-    cfg = load_recipe(recipe, overrides)
+    cfg = _load(recipe, overrides, dry_run)
     # The launcher's process count, as torch.distributed will see it (1 for a plain `python train.py`).
     problems = launch_problems(cfg, int(os.environ.get("WORLD_SIZE", "1"))) + output_dir_problems(cfg)
     if problems:
         raise ConfigError(f"recipe {recipe}: " + "; ".join(problems))
-    prepare_output_dir = check_output_dir if dry_run else ensure_output_dir
     if cfg.data.cache_dir:
-        prepare_output_dir(cfg.data.cache_dir, "data.cache_dir")
-    prepare_output_dir(cfg.run.output_dir, "run.output_dir")
+        check_output_dir(cfg.data.cache_dir, "data.cache_dir")
+    check_output_dir(cfg.run.output_dir, "run.output_dir")
+    checks = preflight(cfg, stop_early=not dry_run)
     if dry_run:
-        print(resolved_yaml(cfg), end="")
+        print(resolved_yaml(cfg) + checks.report(), end="")
+        _refuse_if_stopped(checks, dry_run=True)
         return 0
-    from deepspec_train.jobs.run import run_training
+    _refuse_if_stopped(checks, dry_run=False)
+    # Every check passed: only now are the folders created, and a refusal met later removes the run folder again.
+    with removed_if_refused(cfg.run.output_dir, holds_a_run):
+        if cfg.data.cache_dir:
+            ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
+        ensure_output_dir(cfg.run.output_dir, "run.output_dir")
+        from deepspec_train.jobs.run import run_training
 
-    return _until_preempted(lambda: run_training(cfg))
+        return _until_preempted(lambda: run_training(cfg))
+
+
+def _load(recipe: str, overrides: list[str], dry_run: bool) -> RecipeConfig:
+    """The validated recipe; a dry run whose target folder is not there yet skips the checks that read the target
+    (``jobs.preflight`` lists it as stopping the run) so that it can still print the config."""
+    if dry_run:
+        cfg = load_recipe(recipe, overrides, check_target=False)
+        if not Path(cfg.target.path).expanduser().exists():
+            return cfg
+    return load_recipe(recipe, overrides)
+
+
+def _refuse_if_stopped(checks: Preflight, dry_run: bool) -> None:
+    refusal = checks.refusal(dry_run)
+    if refusal is not None:
+        raise refusal
 
 
 def _train_groups(argv: list[str], dry_run: bool) -> int:
@@ -115,10 +150,17 @@ def _train_groups(argv: list[str], dry_run: bool) -> int:
     problems = launch_and_output_problems(groups)
     if problems:
         raise ConfigError(problems[0])
-    prepare_directories(groups, dry_run)
+    prepare_directories(groups, dry_run=True)
+    # The groups share one target and one data order (``drafter_groups.shared_setting_problems``).
+    checks = preflight(groups[0].cfg, stop_early=not dry_run)
+    for group in groups[1:]:
+        check_init_from(group.cfg, checks)
     if dry_run:
-        print(dry_run_text(groups), end="")
+        print(dry_run_text(groups) + checks.report(), end="")
+        _refuse_if_stopped(checks, dry_run=True)
         return 0
+    _refuse_if_stopped(checks, dry_run=False)
+    prepare_directories(groups, dry_run=False)
     from deepspec_train.jobs.grouped_colocated import run_drafter_groups
 
     return _until_preempted(lambda: run_drafter_groups(groups))

@@ -30,6 +30,7 @@ from pathlib import Path
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
 from deepspec_train.errors import UserError, run_verb
+from deepspec_train.model_folders import check_target_folder
 from deepspec_train.output_paths import ensure_output_file
 from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
 from deepspec_train.regenerate.backend import ChatBackend
@@ -94,6 +95,9 @@ def build_backend(args: argparse.Namespace, cfg: RegenerateConfig, target_path: 
         raise ConfigError("--model is required (or a recipe with regenerate.model or target.path)")
     if args.backend == "local":
         from deepspec_train.regenerate.local_backend import LocalBackend
+
+        setting = "--model" if args.model else "regenerate.model" if cfg.model else "target.path"
+        check_target_folder(model, setting, tokenizer=True, allow_hub=True)
 
         batch_size = args.batch_size if args.batch_size is not None else cfg.batch_size
         return LocalBackend(

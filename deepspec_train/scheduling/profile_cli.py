@@ -19,6 +19,7 @@ import argparse
 from pathlib import Path
 
 from deepspec_train.errors import UserError
+from deepspec_train.model_folders import check_target_folder
 from deepspec_train.output_paths import ensure_output_file
 
 
@@ -74,7 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile, print the table, write the JSON; returns the process exit status."""
-    # Imported here so that `deepspec --help` does not pay for torch and transformers.
+    # Before the imports of torch and transformers (here so that `deepspec --help` does not pay for them either):
+    # a wrong path is refused at once.
+    check_target_folder(args.target, "--target", allow_hub=True)
     import torch
 
     from deepspec_train.config.schema import TargetConfig
