@@ -142,7 +142,9 @@ def render_commands() -> str:
         "| --- | --- |",
         "| `recipe=NAME` | the recipe: a name found by `deepspec recipes list`, or a path to a YAML file |",
         "| `section.key=value` | an override; an unknown key or a value of the wrong type exits 2 |",
-        f"| `{DRY_RUN}` | run every check a run makes, print the resolved config as YAML, train nothing |",
+        f"| `{DRY_RUN}` | run every check a run makes (the target's files and tokenizer, the data sources' first rows "
+        "included), print the resolved config as YAML and what was found, train nothing; exit 0 only when a run "
+        "would start, else 2 |",
         "| `-h`, `--help` | the usage, the recipes found and where they were found |",
         "",
     ]

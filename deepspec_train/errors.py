@@ -9,7 +9,8 @@ the traceback is printed first. Any other exception is a bug and keeps Python's 
 
 Exit statuses of every command: 0 done; 1 a bug (traceback), or ``deepspec regenerate`` left rows that failed
 (run it again to retry them); 2 a user error (nothing trained, written or exported; also a full disk, and, in
-a run of several ranks, every rank when one of them met the error: ``training.all_ranks_end``); 3 streamed
+a run of several ranks, every rank when one of them met the error: ``training.all_ranks_end``; and
+``train.py --dry-run`` when a real run would not start: ``jobs.preflight``); 3 streamed
 training stopped because a peer died or timed out (``streaming.watchdog``); 4 training stopped by SIGTERM or
 SIGUSR1 after its current step and one checkpoint, to be continued with ``train.resume=auto``
 (``training.preemption``).

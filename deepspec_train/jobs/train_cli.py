@@ -9,7 +9,8 @@ from deepspec_train.jobs.entry import DRY_RUN, main
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(DRY_RUN, action="store_true",
-                        help="check the recipe as a run does and print the resolved config (YAML); train nothing")
+                        help="check the recipe, the target and the data's first rows as a run does, print the "
+                        "resolved config (YAML) and what was found; train nothing; exit 0 only when a run would start")
     # Everything after the first word goes to train.py's own parser, which also reads --dry-run and --help there.
     parser.add_argument("args", nargs=argparse.REMAINDER, help="recipe=NAME, then dotted.key=value overrides")
 
