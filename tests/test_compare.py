@@ -18,7 +18,9 @@ import yaml
 
 from deepspec_train.jobs.cli import main
 from deepspec_train.comparison.collect import collect_row, collect_rows, weighted_mean
+from deepspec_train.comparison.position_plots import MIN_ROUNDS
 from deepspec_train.comparison.report import main_table, markdown_table
+from deepspec_train.formats.figures import read_drawn
 
 GSM8K_DSPARK = [0.95, 0.9, 0.85]
 MT_BENCH_DSPARK = [0.8, 0.7]
@@ -28,6 +30,11 @@ CAL_ECE_BEFORE = [0.08, 0.06, 0.04, math.nan]
 CAL_ECE_AFTER = [0.01, 0.012, 0.02, math.nan]
 
 
+def _rounds_reaching(curve: list[float]) -> list[int]:
+    """Rounds behind each position of ``curve``: 120, 40, 13, 4, ... (the last ones below the plots' minimum)."""
+    return [120 // 3**k for k in range(len(curve))]
+
+
 def _results(kind: str, suites: dict[str, tuple[float, list[float]]]) -> dict:
     return {
         "target": "tiny-target",
@@ -35,9 +42,11 @@ def _results(kind: str, suites: dict[str, tuple[float, list[float]]]) -> dict:
         "drafter_kind": kind,
         "block_size": 4,
         "temperature": 1.0,
+        "seeds": [0, 1],
         "suites": {
-            name: {"tau": tau, "rounds": 10, "new_tokens": 40, "tokens_per_s": 12.5,
-                   "conditional_acceptance": curve, "categories": {}}
+            name: {"tau": tau, "rounds": 10, "prompts": 10, "new_tokens": 40, "tokens_per_s": 12.5,
+                   "tau_interval": {"value": tau, "se": 0.1, "low": tau - 0.2, "high": tau + 0.3},
+                   "conditional_acceptance": curve, "acceptance_rounds": _rounds_reaching(curve), "categories": {}}
             for name, (tau, curve) in suites.items()
         },
     }
@@ -64,7 +73,8 @@ def runs(tmp_path: Path) -> dict[str, Path]:
         {"step": 10, "val/loss": 1.9, "val/expected_len": 4.0, "val/tau_analytic": 5.0},
         {"step": 20, "table": "val/accept", "columns": ["k"], "rows": [[1]]},
         {"step": 20, "val/loss": 1.5, "val/expected_len": 5.17, "val/tau_analytic": 6.17,
-         "val/accept_1": 0.97, "val/accept_2": 0.93, "val/accept_3": 0.9, "val/conf_ece": 0.05, "val/conf_auroc": 0.8},
+         "val/accept_1": 0.97, "val/accept_2": 0.93, "val/accept_3": 0.9, "val/conf_ece": 0.05, "val/conf_auroc": 0.8,
+         "val/count_1": 200, "val/count_2": 50, "val/count_3": 20},
         {"step": 30, "train/loss": 1.4},
     ]
     # The last line is cut mid-record, as when a run is killed while logging.
@@ -124,8 +134,8 @@ def test_compare_cli_tables_and_plots(runs: dict[str, Path], tmp_path: Path, cap
     assert f"{ece_before:.4f}" == "0.0643" and f"{ece_after:.4f}" == "0.0129"
     assert main_rows == [
         ["drafter", "kind", "tau gsm8k", "tau mt_bench", "E[L]", "ECE before", "ECE after"],
-        ["dspark-8b", "dspark", "6.170", "3.720", "5.170", "0.0643", "0.0129"],
-        ["dflash-8b", "dflash", "5.330", "-", "4.330", "-", "-"],
+        ["dspark", "dspark", "6.170", "3.720", "5.170", "0.0643", "0.0129"],
+        ["dflash", "dflash", "5.330", "-", "4.330", "-", "-"],
         ["eagle3", "eagle3", "5.300", "2.660", "-", "-", "-"],
     ]
     printed = capsys.readouterr().out
@@ -133,26 +143,55 @@ def test_compare_cli_tables_and_plots(runs: dict[str, Path], tmp_path: Path, cap
 
     gsm8k = _table_lines(markdown, "| drafter | k=1 | k=2 | k=3 | k=4 |")
     assert gsm8k[1:] == [
-        ["dspark-8b", "0.950", "0.900", "0.850", "-"],
-        ["dflash-8b", "0.900", "0.800", "0.750", "0.700"],
+        ["dspark", "0.950", "0.900", "0.850", "-"],
+        ["dflash", "0.900", "0.800", "0.750", "0.700"],
         ["eagle3", "0.900", "0.850", "-", "-"],
     ]
     section = markdown.split("## Conditional acceptance P(A_k | A_<k): mt_bench", 1)[1]
     assert _table_lines(section, "| drafter")[1:] == [
-        ["dspark-8b", "0.800", "0.700"],
-        ["dflash-8b", "-", "-"],
+        ["dspark", "0.800", "0.700"],
+        ["dflash", "-", "-"],
         ["eagle3", "0.600", "0.500"],
     ]
     calibration = _table_lines(markdown.split("## Confidence calibration", 1)[1], "| drafter")
-    assert calibration[1] == ["dspark-8b", "230", "0.0643", "0.0129", f"{(70 + 57.6 + 37) / 230:.4f}",
+    assert calibration[1] == ["dspark", "230", "0.0643", "0.0129", f"{(70 + 57.6 + 37) / 230:.4f}",
                               f"{(70 + 57.6 + 37) / 230:.4f}", "0.90, 1.25, 1.50, 1.00"]
     assert len(calibration) == 2
 
     for name in ("conditional_acceptance_gsm8k.png", "conditional_acceptance_mt_bench.png",
-                 "tau_per_suite.png", "calibration.png"):
+                 "tau_per_suite.png", "calibration.png", "validation_acceptance.png"):
         png = out / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
         assert f"]({name})" in markdown
+    _check_drawn(out)
+
+
+def _check_drawn(out: Path) -> None:
+    """What each plot recorded: every value with its count, points below the minimum greyed, intervals where the
+    results have them, distinct labels and colours, limits that hold the data, titles with T and seeds."""
+    gsm8k = read_drawn(out / "conditional_acceptance_gsm8k.png")
+    assert gsm8k["title"] == "conditional acceptance on gsm8k, T = 1, seeds 0, 1" and gsm8k["min_rounds"] == 30
+    series = {s["label"]: s for s in gsm8k["series"]}
+    assert list(series) == ["dspark", "dflash", "eagle3"] and len({s["colour"] for s in series.values()}) == 3
+    for name, curve in (("dspark", GSM8K_DSPARK), ("dflash", GSM8K_DFLASH)):
+        assert series[name]["y"] == curve and series[name]["counts"] == _rounds_reaching(curve)
+        assert series[name]["greyed"] == [n < MIN_ROUNDS for n in _rounds_reaching(curve)]
+    assert series["dflash"]["greyed"] == [False, False, True, True]
+    low, high = gsm8k["ylim"]
+    assert all(low <= v <= high for s in series.values() for v in s["y"])
+
+    tau = read_drawn(out / "tau_per_suite.png")
+    assert tau["groups"] == ["gsm8k", "mt_bench", "mean"] and "T = 1, seeds 0, 1" in tau["title"]
+    bars = {s["label"]: s for s in tau["series"]}
+    assert bars["dspark"]["interval"][:2] == [pytest.approx([5.97, 6.47]), pytest.approx([3.52, 4.02])]
+    # No interval where there is no bar (dflash on mt_bench), and none for the mean over suites.
+    assert bars["dflash"]["y"][1] is None and bars["dflash"]["interval"][1:] == [None, None]
+    assert tau["ylim"][1] >= 6.47
+
+    validation = read_drawn(out / "validation_acceptance.png")
+    assert [s["label"] for s in validation["series"]] == ["dspark (step 20)", "dflash"]
+    assert validation["series"][0]["counts"] == [200, 50, 20]
+    assert validation["series"][0]["greyed"] == [False, False, True]
 
 
 def test_collect_reads_last_validation_record(runs: dict[str, Path]) -> None:
@@ -206,10 +245,11 @@ def test_wandb_offline_run_gets_tables(runs: dict[str, Path], tmp_path: Path, mo
     assert len(tables) == 1
     table = json.loads(tables[0].read_text())
     assert table["columns"] == ["drafter", "kind", "tau gsm8k", "tau mt_bench", "E[L]", "ECE before", "ECE after"]
-    assert [row[:5] for row in table["data"]] == [["dspark-8b", "dspark", 6.17, 3.72, 5.17],
-                                                  ["dflash-8b", "dflash", 5.33, None, 4.33]]
+    assert [row[:5] for row in table["data"]] == [["dspark", "dspark", 6.17, 3.72, 5.17],
+                                                  ["dflash", "dflash", 5.33, None, 4.33]]
     images = {p.name.rsplit("_", 2)[0] for p in run_dirs[0].rglob("*.png")}
-    assert images == {"conditional_acceptance_gsm8k", "conditional_acceptance_mt_bench", "tau_per_suite", "calibration"}
+    assert images == {"conditional_acceptance_gsm8k", "conditional_acceptance_mt_bench", "tau_per_suite", "calibration",
+                      "validation_acceptance"}
     assert list(run_dirs[0].rglob("gsm8k_table_*.table.json")), "no acceptance line plot for gsm8k"
     # The group is recorded in the run's protobuf log, which W&B's service process may still be flushing;
     # the command leaves the environment as it found it.
@@ -219,3 +259,38 @@ def test_wandb_offline_run_gets_tables(runs: dict[str, Path], tmp_path: Path, mo
         time.sleep(0.5)
     assert b"qwen3-8b" in log.read_bytes()
     assert "WANDB_RUN_GROUP" not in os.environ
+
+
+def _training_run(run: Path, recipe_name: str) -> Path:
+    """A run directory with only what training writes: its config and one validation record."""
+    _write_config(run, recipe_name, "dspark")
+    record = {"step": 40, "val/expected_len": 2.9, "val/accept_1": 0.78, "val/accept_2": 0.77,
+              "val/count_1": 171, "val/count_2": 163}
+    (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    return run
+
+
+def test_runs_are_named_by_the_folder_given_or_their_label(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # Two runs of one recipe share its run.name, as `deepspec compare runs/a runs/b` of two tiny-dspark runs.
+    a, b = (_training_run(tmp_path / "runs" / name, "tiny-dspark") for name in ("a", "b"))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(a), str(b), "--out", str(out)]) == 0
+    names = [row[0] for row in _table_lines((out / "comparison.md").read_text(), "| drafter | kind")[1:]]
+    assert names == ["a", "b"]
+    drawn = read_drawn(out / "validation_acceptance.png")
+    assert [s["label"] for s in drawn["series"]] == ["a (step 40)", "b (step 40)"]
+    assert [s["counts"] for s in drawn["series"]] == [[171, 163]] * 2
+    assert len({s["colour"] for s in drawn["series"]}) == 2
+
+    assert main(["compare", str(a), str(b), "--out", str(out), "--label", "dspark", "--label", "dspark-lr3"]) == 0
+    drawn = read_drawn(out / "validation_acceptance.png")
+    assert [s["label"] for s in drawn["series"]] == ["dspark (step 40)", "dspark-lr3 (step 40)"]
+
+    capsys.readouterr()
+    assert main(["compare", str(a), str(b), "--out", str(out), "--label", "only-one"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "--label" in error and len(error.splitlines()) == 1
+
+    # Folders of the same name in different places are named by the paths as given.
+    twins = [_training_run(tmp_path / place / "dspark", "tiny-dspark") for place in ("x", "y")]
+    assert [r.name for r in collect_rows(twins)] == [str(p) for p in twins]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import statistics
 from typing import Optional
 
 import pytest
@@ -193,6 +194,15 @@ def test_report_aggregates_by_suite_and_category():
     reached = [r["confidences"][1] for r in a_rounds if r["accepted"] >= 1]
     assert suite_a["mean_confidence"][1] == pytest.approx(sum(reached) / len(reached))
     assert conditional_acceptance([], 2) == [None, None]
+    # The rounds behind each rate, and tau's bootstrap over prompts (each round is a prompt of its own here, so its
+    # standard error is the rounds' standard error of the mean).
+    for k in range(1, 5):
+        behind = [r for r in a_rounds if r["drafted"] >= k and all(r["accepted"] >= j for j in range(1, k))]
+        assert suite_a["acceptance_rounds"][k - 1] == len(behind)
+    assert suite_a["prompts"] == len(a_rounds)
+    interval, emitted = suite_a["tau_interval"], [r["accepted"] + 1.0 for r in a_rounds]
+    assert interval["low"] < suite_a["tau"] < interval["high"] and interval["value"] == pytest.approx(suite_a["tau"])
+    assert interval["se"] == pytest.approx(statistics.stdev(emitted) / len(emitted) ** 0.5, rel=0.1)
 
 
 def test_suites_read_mt_bench_files_and_tinyworld_names(tmp_path):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from deepspec_train.jobs.cli import main
+from deepspec_train.formats.figures import read_drawn
 from deepspec_train.formats.eval_traces import read_traces
 from deepspec_train.scheduling.simulator import Policy, simulate
 from deepspec_train.scheduling.workload import (
@@ -299,6 +300,13 @@ def test_simulate_command_writes_results_and_frontier(tmp_path, capsys):
     assert set(document["runs"][0]["budget_by_category"]) == set(CATEGORY_ACCEPTANCE)
     assert (out / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "scheduler (calibrated)" in capsys.readouterr().out
+    drawn = read_drawn(out / "frontier.png")
+    labels = [c["label"] for c in drawn["curves"]]
+    assert len(set(labels)) == len(labels) == 7
+    # Each scheduler curve has a colour of its own (not only a line style), and N is written on one curve.
+    schedulers = [c for c in drawn["curves"] if not c["label"].startswith("gamma=")]
+    assert len({c["colour"] for c in schedulers}) == len(schedulers) == 4
+    assert drawn["labelled_curve"] == "scheduler (uncalibrated)"
 
 
 def test_full_scan_takes_the_best_allocation_of_every_step_for_any_profile():

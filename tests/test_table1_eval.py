@@ -21,6 +21,7 @@ from deepspec_train.evaluation.speculative_decoder import CHAT_TEMPLATE_KWARGS, 
 from deepspec_train.evaluation.suites import load_suite
 from deepspec_train.evaluation.table1 import TableSettings, build_table1
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
+from deepspec_train.formats.figures import read_drawn
 from deepspec_train.formats.trained_drafter import write_trained_drafter
 from deepspec_train.suites.benchmarks import BENCHMARK_SUITES
 from tests.helpers.benchmark_suites import prepare_all_suites
@@ -70,6 +71,10 @@ def test_table1_numbers_match_a_brute_force_recount():
             mine = [r for r in rows[d] if r.suite == s]
             assert table.tau[d][s] == pytest.approx(sum(r.emitted for r in mine) / len(mine))
             assert table.acceptance[d][s] == conditional_acceptance(mine, 3)
+            assert table.acceptance_rounds[d][s] == [sum(r.drafted >= k and r.accepted >= k - 1 for r in mine)
+                                                     for k in (1, 2, 3)]
+            own = table.tau_interval[d][s]
+            assert own.value == pytest.approx(table.tau[d][s]) and own.low < own.value < own.high
         assert table.macro_tau[d] == pytest.approx(np.mean([table.tau[d][s] for s in table.suites]))
         assert table.cost[d].cpu_ms.value == pytest.approx(1.0) and table.cost[d].wall_ms.value == pytest.approx(2.0)
     assert set(table.ratios) == {"a", "b"} and table.cost["c"].sequential_layer_passes == 7
@@ -119,7 +124,16 @@ def test_one_command_compares_every_kind_on_every_suite(world, tmp_path, monkeyp
         assert table["draft_cost"]["eagle3"]["sequential_layer_passes"] == 4
         # Each drafter's production counterpart is modeled from the settings its training directory records.
         assert all(table["draft_cost"][kind]["modeled_us_h200_batch1"] > 0 for kind in KINDS)
-        assert (out / f"tau_per_suite_{tag}.png").stat().st_size > 0
+        # The bars carry the table's intervals; the acceptance curves the rounds behind each rate.
+        bars = read_drawn(out / f"tau_per_suite_{tag}.png")
+        assert bars["title"].endswith(f"T = {tag[1:]}, seed{'s 0, 1' if table['temperature'] else ' 0'}")
+        assert [s["label"] for s in bars["series"]] == list(KINDS)
+        for series in bars["series"]:
+            own = table["tau_interval"][series["label"]]
+            assert series["interval"][:len(SUITE_ORDER)] == [pytest.approx([own[s]["low"], own[s]["high"]])
+                                                             for s in SUITE_ORDER]
+        curves = read_drawn(out / f"conditional_acceptance_gsm8k_{tag}.png")["series"]
+        assert [c["counts"] for c in curves] == [table["acceptance_rounds"][k]["gsm8k"] for k in KINDS]
     assert "## T = 0 (seeds 0; baseline eagle3)" in (out / "table1.md").read_text()
 
     runs = sorted((tmp_path / "wandb").glob("offline-run-*"))

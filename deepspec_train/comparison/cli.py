@@ -1,13 +1,15 @@
 """``deepspec compare``: one table, plots and (optionally) a W&B run comparing several trained drafters.
 
     deepspec compare runs/dspark runs/dflash runs/eagle3/eval/results.json --out reports/cmp \\
-        [--wandb] [--wandb-project deepspec] [--wandb-group qwen3-8b]
+        [--label dspark --label dflash --label eagle3] [--wandb] [--wandb-project deepspec] [--wandb-group qwen3-8b]
 
-Each argument is a run directory or a ``deepspec eval`` results file (see ``comparison.collect``). The command
-writes ``OUT/comparison.md`` (main table ``drafter | kind | tau <suite>... | E[L] | ECE before | ECE after``,
-conditional acceptance per position per suite, teacher-forced acceptance, calibration detail), the PNGs
-``OUT/conditional_acceptance_<suite>.png``, ``OUT/tau_per_suite.png`` and ``OUT/calibration.png``, and prints
-the main table. With ``--wandb`` it also logs one W&B run (offline unless ``WANDB_MODE`` says otherwise; files
+Each argument is a run directory or a ``deepspec eval`` results file (see ``comparison.collect``), named in
+tables and plots by the folder given, or by ``--label`` (one per argument, in order). The command writes
+``OUT/comparison.md`` (main table ``drafter | kind | tau <suite>... | E[L] | ECE before | ECE after``,
+conditional acceptance per position per suite, teacher-forced acceptance, calibration detail), the PNGs of
+``comparison.plots.write_plots`` that the inputs have data for (``OUT/conditional_acceptance_<suite>.png``,
+``OUT/tau_per_suite.png``, ``OUT/calibration.png``, ``OUT/validation_acceptance.png`` for training runs), and
+prints the main table. With ``--wandb`` it also logs one W&B run (offline unless ``WANDB_MODE`` says otherwise; files
 under ``WANDB_DIR`` or ``OUT``) holding the same tables, a line plot of acceptance per suite and the PNGs. The
 run joins the group ``--wandb-group``, so that comparisons of the same drafters line up in the W&B UI.
 """
@@ -36,6 +38,9 @@ _MAX_RUN_NAME = 120
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="run directory or eval results.json")
     parser.add_argument("--out", required=True, help="directory for comparison.md and the PNG plots")
+    parser.add_argument("--label", action="append", metavar="NAME",
+                        help="name of each run in tables and plots, once per RUN_OR_RESULT in order "
+                             "(default: the folder given)")
     parser.add_argument("--wandb", action="store_true", help="also log the tables and plots to a W&B run")
     parser.add_argument("--wandb-project", default="deepspec", help="W&B project (default: deepspec)")
     parser.add_argument("--wandb-group", default=DEFAULT_GROUP, help=f"W&B run group (default: {DEFAULT_GROUP})")
@@ -101,7 +106,7 @@ def log_to_wandb(
 def run(args: argparse.Namespace) -> int:
     out = ensure_output_dir(args.out, "--out")
     try:
-        rows = collect_rows(args.paths)
+        rows = collect_rows(args.paths, args.label or ())
     except (OSError, ValueError, yaml.YAMLError) as err:
         raise UserError(str(err)) from err
     plot_files = write_plots(rows, out)

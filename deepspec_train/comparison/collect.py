@@ -10,9 +10,12 @@ A ``deepspec compare`` argument is either
   its top) works too;
 - or a ``results.json`` file, which fills only the evaluation fields.
 
-The row's name is ``run.name`` when a resolved config exists, else the directory's name (the run directory's
-name for a path inside ``RUN/eval``); for a results file it is the file's stem unless that is the default
-``results``. Duplicate names get ``-2``, ``-3``, ... so that every table row and plot line stays distinct.
+The row's name is its ``--label`` when one is given, else the folder as the user named it: the directory's name
+(the run directory's name for ``RUN/eval`` or ``RUN/calibration``), for a results file its stem unless that is
+the default ``results`` or a comparison's ``results_T<t>`` (then its directory's name). Two folders of the same
+name (``x/dspark``, ``y/dspark``) are named by the paths as given; names still equal get ``-2``, ``-3``, ... so
+that every table row and plot line stays distinct. The recipe's ``run.name`` is not used: two runs of one recipe
+share it.
 
 ECE and AUROC "before" / "after" calibration summarise the per-position scores of ``calibration.json`` (scores
 of the cumulative survival ``S_k`` at each block position) as their mean weighted by the number of rounds valid
@@ -98,15 +101,26 @@ class DrafterRow:
     name: str
     source: Path
     kind: str | None = None
-    # Evaluation (speculative decoding): tokens per verification round, bonus token included, per suite.
+    # Evaluation (speculative decoding): tokens per verification round, bonus token included, per suite, with
+    # its bootstrap interval over prompts (low, high) and the number of prompts, where the results carry them.
     tau: dict[str, float | None] = field(default_factory=dict)
-    # Evaluation: P(position k accepted | positions < k accepted), k = 1..K, per suite.
+    tau_interval: dict[str, tuple[float, float]] = field(default_factory=dict)
+    prompts: dict[str, int] = field(default_factory=dict)
+    # Evaluation: P(position k accepted | positions < k accepted), k = 1..K, per suite, and the rounds behind each.
     conditional_acceptance: dict[str, list[float | None]] = field(default_factory=dict)
+    acceptance_rounds: dict[str, list[int]] = field(default_factory=dict)
+    # Evaluation settings: sampling temperature and seeds.
+    temperature: float | None = None
+    seeds: list[int] = field(default_factory=list)
     # Training validation (teacher forcing): expected accepted drafts per block, bonus NOT included, and 1 + that.
     expected_len: float | None = None
     tau_analytic: float | None = None
-    # Training validation: mean analytic acceptance c*_k per position, and the confidence head's ECE / AUROC vs c*.
+    # Training validation: mean analytic acceptance c*_k per position over val_counts[k-1] blocks, the step and
+    # training seed, and the confidence head's ECE / AUROC vs c*.
     val_accept: list[float | None] = field(default_factory=list)
+    val_counts: list[int] = field(default_factory=list)
+    val_step: int | None = None
+    train_seed: int | None = None
     val_conf_ece: float | None = None
     val_conf_auroc: float | None = None
     calibration: CalibrationSummary | None = None
@@ -152,6 +166,8 @@ def apply_validation(row: DrafterRow, record: dict[str, Any]) -> None:
     row.expected_len = _number(record.get("val/expected_len"))
     row.tau_analytic = _number(record.get("val/tau_analytic"))
     row.val_accept = _per_position(record, "val/accept")
+    row.val_counts = [int(n or 0) for n in _per_position(record, "val/count")]
+    row.val_step = record.get("step") if isinstance(record.get("step"), int) else None
     row.val_conf_ece = _number(record.get("val/conf_ece"))
     row.val_conf_auroc = _number(record.get("val/conf_auroc"))
 
@@ -164,8 +180,20 @@ def apply_results(row: DrafterRow, results: dict[str, Any], path: Path) -> None:
     for suite, stats in suites.items():
         row.tau[suite] = _number(stats.get("tau"))
         row.conditional_acceptance[suite] = _numbers(stats.get("conditional_acceptance"))
+        if isinstance(stats.get("acceptance_rounds"), list):
+            row.acceptance_rounds[suite] = [int(n) for n in stats["acceptance_rounds"]]
+        if isinstance(stats.get("prompts"), int):
+            row.prompts[suite] = stats["prompts"]
+        interval = stats.get("tau_interval") or {}
+        low, high = _number(interval.get("low")), _number(interval.get("high"))
+        if low is not None and high is not None:
+            row.tau_interval[suite] = (low, high)
     if row.kind is None and results.get("drafter_kind"):
         row.kind = str(results["drafter_kind"])
+    row.temperature = _number(results.get("temperature"))
+    # A comparison's results list its seeds; a single-drafter eval records its one seed.
+    seeds = results.get("seeds", [results["seed"]] if isinstance(results.get("seed"), int) else [])
+    row.seeds = [int(s) for s in seeds]
 
 
 def read_calibration(path: Path) -> CalibrationSummary:
@@ -197,7 +225,9 @@ def _directory_name(directory: Path) -> str:
 
 def collect_results_file(path: Path) -> DrafterRow:
     """A row with only the evaluation fields, from a ``results.json`` file."""
-    name = path.stem if path.stem != Path(RESULTS_FILE).stem else _directory_name(path.parent)
+    # results.json, and a comparison's per-temperature results_T<t>.json, are named after their folder.
+    default = Path(RESULTS_FILE).stem
+    name = _directory_name(path.parent) if path.stem == default or path.stem.startswith(f"{default}_T") else path.stem
     row = DrafterRow(name=name, source=path)
     apply_results(row, read_json(path), path)
     return row
@@ -219,8 +249,9 @@ def collect_run_dir(run_dir: Path) -> DrafterRow:
     row = DrafterRow(name=_directory_name(run_dir), source=run_dir)
     if config_path.is_file():
         config = yaml.safe_load(config_path.read_text()) or {}
-        row.name = str((config.get("run") or {}).get("name") or row.name)
         row.kind = (config.get("drafter") or {}).get("kind")
+        seed = (config.get("run") or {}).get("seed")
+        row.train_seed = seed if isinstance(seed, int) else None
     record = last_validation_record(metrics_path) if metrics_path.is_file() else None
     if record is None and summary_path.is_file():
         val_metrics = read_json(summary_path).get("val_metrics") or {}
@@ -244,9 +275,22 @@ def collect_row(path: str | os.PathLike) -> DrafterRow:
     raise FileNotFoundError(f"{path}: no such run directory or results file")
 
 
-def collect_rows(paths: Sequence[str | os.PathLike]) -> list[DrafterRow]:
-    """Rows for ``paths`` in the order given, with duplicate names made unique (``name-2``, ``name-3``, ...)."""
+def collect_rows(paths: Sequence[str | os.PathLike], labels: Sequence[str] = ()) -> list[DrafterRow]:
+    """Rows for ``paths`` in the order given, named by ``labels`` (one per path) when given, else as the module
+    docstring says, with duplicate names made unique (``name-2``, ``name-3``, ...)."""
+    if labels and len(labels) != len(paths):
+        raise ValueError(f"--label: {len(labels)} label(s) for {len(paths)} run(s); give one per run or none")
     rows = [collect_row(p) for p in paths]
+    if labels:
+        for row, label in zip(rows, labels):
+            row.name = label
+    else:
+        given = [str(p).rstrip("/") or str(p) for p in paths]
+        twins = {row.name: {g for r, g in zip(rows, given) if r.name == row.name} for row in rows}
+        for row, path in zip(rows, given):
+            # Only different paths tell folders apart; one path given twice keeps its name and gets "-2" below.
+            if len(twins[row.name]) > 1:
+                row.name = path
     taken: set[str] = set()
     for row in rows:
         base, n = row.name, 1

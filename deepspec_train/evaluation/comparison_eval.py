@@ -26,8 +26,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from deepspec_train.comparison.collect import DrafterRow
-from deepspec_train.comparison.plots import (
-    acceptance_file, plot_conditional_acceptance, plot_tau_by_bucket, plot_tau_per_suite, position_file,
+from deepspec_train.comparison.plots import acceptance_file, plot_tau_per_suite, position_file
+from deepspec_train.comparison.position_plots import (
+    BucketPoint, plot_conditional_acceptance, plot_tau_by_bucket, settings_title, titled,
 )
 from deepspec_train.errors import UserError
 from deepspec_train.evaluation.drafter_comparison import BenchDrafter, DecodeSettings, decode_interleaved
@@ -62,26 +63,31 @@ def temperature_tag(temperature: float) -> str:
 
 
 def drafter_rows(table: Table1, kinds: dict[str, str], out: Path) -> list[DrafterRow]:
-    """The comparison package's rows for this table, so its plots draw it."""
+    """The comparison package's rows for this table, so its plots draw it (intervals and counts included)."""
     return [DrafterRow(name=d, source=out, kind=kinds[d], tau=dict(table.tau[d]),
-                       conditional_acceptance=dict(table.acceptance[d])) for d in table.drafters]
+                       tau_interval={s: (e.low, e.high) for s, e in table.tau_interval[d].items()},
+                       prompts=dict(table.prompts), conditional_acceptance=dict(table.acceptance[d]),
+                       acceptance_rounds=dict(table.acceptance_rounds[d]), temperature=table.temperature,
+                       seeds=list(table.seeds)) for d in table.drafters]
 
 
 def write_plots(table: Table1, kinds: dict[str, str], out: Path) -> list[Path]:
-    """Tau per suite as grouped bars, each suite's acceptance curves and its tau per position bucket on each
-    axis, tagged with the temperature."""
+    """Tau per suite as grouped bars over the paired ratios against the baseline, each suite's acceptance curves
+    and its tau per position bucket on each axis, tagged with the temperature."""
     rows = drafter_rows(table, kinds, out)
     tag = temperature_tag(table.temperature)
-    paths = [plot_tau_per_suite(rows, out / f"tau_per_suite_{tag}.png")]
+    ratios = {d: {s: (e.value, e.low, e.high) for s, e in by_suite.items()} for d, by_suite in table.ratios.items()}
+    paths = [plot_tau_per_suite(rows, out / f"tau_per_suite_{tag}.png", ratios, table.baseline)]
     buckets = [b.name for b in POSITION_BUCKETS]
     for suite in table.suites:
         name = acceptance_file(suite).removesuffix(".png")
         paths.append(plot_conditional_acceptance(rows, suite, out / f"{name}_{tag}.png"))
         for axis in (POSITION_AXES[name] for name in table.positions):
-            curves = {d: [(b.tau, *((b.interval.low, b.interval.high) if b.interval else (None, None)))
-                          for b in table.positions[axis.name][d][suite]] for d in table.drafters}
+            curves = {d: [BucketPoint(b.tau, *((b.interval.low, b.interval.high) if b.interval else (None, None)),
+                                      b.rounds) for b in table.positions[axis.name][d][suite]] for d in table.drafters}
             name = position_file(axis.name, suite).removesuffix(".png")
-            paths.append(plot_tau_by_bucket(curves, buckets, axis.label, out / f"{name}_{tag}.png"))
+            title = titled(f"tau by {axis.name} position on {suite}", settings_title(rows))
+            paths.append(plot_tau_by_bucket(curves, buckets, axis.label, title, out / f"{name}_{tag}.png"))
     return paths
 
 

@@ -105,20 +105,42 @@ def bootstrap_tau_ratios(
     ``totals[category][drafter]`` holds that drafter's per-prompt totals; within a category every drafter must
     have the same number of prompts (the same prompts, in the same order).
     """
+    draws = _prompt_draws(totals, replicates, seed)
+    return ratio_estimates(pairs, sorted(totals), lambda c, k: (totals[c][k].tau(), totals[c][k].tau(draws[c])), level)
+
+
+def bootstrap_tau(
+    totals: Mapping[str, Mapping[str, PromptTotals]],
+    replicates: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, dict[str, RatioEstimate]]:
+    """``{category: {drafter: estimate}}`` of each drafter's own tau, resampling prompts with the same draws as
+    ``bootstrap_tau_ratios`` (same ``seed``): the interval a bar of tau carries. Drafters' intervals overlap more
+    than their paired ratio's interval suggests; the ratio is the comparison."""
+    draws = _prompt_draws(totals, replicates, seed)
+    return {c: {name: estimate_from_replicates(float(t.tau()), t.tau(draws[c]), level)
+                for name, t in by_drafter.items()} for c, by_drafter in totals.items()}
+
+
+def _prompt_draws(
+    totals: Mapping[str, Mapping[str, PromptTotals]], replicates: int, seed: int
+) -> dict[str, np.ndarray]:
+    """Per category (in sorted order, so one seed gives the same draws to every caller), ``[replicates, n]``
+    prompt indices drawn with replacement."""
     if replicates < 2:
         raise ValueError(f"replicates must be >= 2, got {replicates}")
     if not totals:
         raise ValueError("no category to bootstrap")
     rng = np.random.default_rng(seed)
-    categories = sorted(totals)
     draws: dict[str, np.ndarray] = {}
-    for category in categories:
+    for category in sorted(totals):
         sizes = {name: t.emitted.size for name, t in totals[category].items()}
         if len(set(sizes.values())) != 1:
             raise ValueError(f"category {category}: drafters have different prompt counts {sizes}")
         n = next(iter(sizes.values()))
         draws[category] = rng.integers(0, n, size=(replicates, n))
-    return ratio_estimates(pairs, categories, lambda c, k: (totals[c][k].tau(), totals[c][k].tau(draws[c])), level)
+    return draws
 
 
 def bootstrap_mean(values_per_prompt: Sequence[np.ndarray], replicates: int = 2000, seed: int = 0,

@@ -5,9 +5,12 @@ Input: the rounds of ``deepspec eval`` (``formats.eval_traces.TraceRound``: ``su
 ``accepted``, ``emitted``, ``confidences``) and one ``ConversationStats`` per decoded conversation (its new tokens
 and wall time). Definitions:
 
-- ``tau`` = emitted tokens / verification rounds (the bonus or correction token included);
+- ``tau`` = emitted tokens / verification rounds (the bonus or correction token included), with
+  ``tau_interval``: a 95% bootstrap interval over ``prompts`` (the distinct prompts, seeds and turns pooled per
+  prompt; absent below two prompts);
 - ``conditional_acceptance[k-1]`` = P(A_k | A_<k): among rounds that drafted at least ``k`` tokens and accepted
-  the first ``k-1``, the fraction that accepted draft ``k`` (``None`` when no round reached position ``k``);
+  the first ``k-1``, the fraction that accepted draft ``k`` (``None`` when no round reached position ``k``), out
+  of ``acceptance_rounds[k-1]`` rounds;
 - ``mean_confidence[k-1]``: the mean calibrated confidence ``c_k`` over the same rounds, so it sits next to the
   realised ``conditional_acceptance[k-1]`` (absent without a confidence head);
 - ``tokens_per_s`` = new tokens / decoding seconds, summed over conversations;
@@ -22,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 
+from deepspec_train.evaluation.paired_bootstrap import bootstrap_tau, prompt_totals
 from deepspec_train.evaluation.position_buckets import POSITION_AXES, position_stats
 from deepspec_train.formats.eval_traces import TraceRound
 
@@ -32,6 +36,26 @@ class ConversationStats:
     category: str
     new_tokens: int
     seconds: float
+
+
+def acceptance_rounds(rounds: Sequence[TraceRound], block_size: int) -> list[int]:
+    """Rounds that reached position ``k`` (drafted at least ``k`` tokens, accepted the first ``k-1``), for
+    ``k = 1..block_size``: the denominators of ``conditional_acceptance``."""
+    return [sum(r.drafted >= k and r.accepted >= k - 1 for r in rounds) for k in range(1, block_size + 1)]
+
+
+def tau_interval(rounds: Sequence[TraceRound]) -> Optional[dict[str, float]]:
+    """Bootstrap over prompts of the rounds' pooled tau (``paired_bootstrap.bootstrap_tau``), or None below two
+    prompts."""
+    sums: dict[str, list[float]] = {}
+    for r in rounds:
+        entry = sums.setdefault(f"{r.suite}/{r.prompt_id}", [0.0, 0.0])
+        entry[0] += r.emitted
+        entry[1] += 1
+    if len(sums) < 2:
+        return None
+    totals = prompt_totals([e for e, _ in sums.values()], [n for _, n in sums.values()])
+    return bootstrap_tau({"": {"": totals}})[""][""].to_dict()
 
 
 def conditional_acceptance(rounds: Sequence[TraceRound], block_size: int) -> list[Optional[float]]:
@@ -63,10 +87,15 @@ def summarize(rounds: Sequence[TraceRound], conversations: list[ConversationStat
     summary: dict[str, Any] = {
         "tau": sum(r.emitted for r in rounds) / num_rounds if num_rounds else None,
         "rounds": num_rounds,
+        "prompts": len({(r.suite, r.prompt_id) for r in rounds}),
         "new_tokens": new_tokens,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else None,
         "conditional_acceptance": conditional_acceptance(rounds, block_size),
+        "acceptance_rounds": acceptance_rounds(rounds, block_size),
     }
+    interval = tau_interval(rounds)
+    if interval is not None:
+        summary["tau_interval"] = interval
     timed = [r.draft_seconds for r in rounds if r.draft_seconds is not None]
     if timed:
         summary["draft_ms_per_round"] = 1e3 * sum(timed) / len(timed)

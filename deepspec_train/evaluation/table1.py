@@ -4,12 +4,15 @@ conditional acceptance per position, and the measured draft cost per round.
 
 Definitions (as ``deepspec eval``'s report and ``evaluation.paired_bootstrap``):
 
-- ``tau`` of a suite = emitted tokens / verification rounds over all its prompts and seeds (bonus included);
+- ``tau`` of a suite = emitted tokens / verification rounds over all its prompts and seeds (bonus included),
+  with each drafter's own 95% bootstrap interval over prompts (``paired_bootstrap.bootstrap_tau``, the same draws
+  as the ratios');
 - macro average = the unweighted mean of the suites' tau (each suite counts the same, as the paper's average);
 - ratio ``d / baseline`` per suite = tau_d / tau_baseline; across suites, the geometric mean of those ratios.
   Intervals come from one paired bootstrap per temperature: a replicate redraws each suite's prompts (seeds
   pooled per prompt) and recomputes every drafter's tau on that draw;
-- ``P(A_k | A_<k)`` per position (``evaluation.report.conditional_acceptance``);
+- ``P(A_k | A_<k)`` per position (``evaluation.report.conditional_acceptance``) and the rounds that reached each
+  position (``evaluation.report.acceptance_rounds``);
 - draft cost: sequential decoder-layer passes per round (from the drafter's kind) and measured drafter time per
   round, as CPU time of the decoding thread and as wall time, each with a bootstrap interval over prompts;
 - tau by position bucket (``evaluation.position_buckets``): per axis (answer index, conversation position), suite
@@ -23,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from deepspec_train.errors import UserError
-from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau_ratios
+from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau, bootstrap_tau_ratios
 from deepspec_train.evaluation.drafter_comparison import draft_ms_per_round, markdown, tau_by_category, totals_by_category
 from deepspec_train.evaluation.position_buckets import (
     POSITION_AXES, POSITION_BUCKETS, BucketStat, bucket_cell, position_stats,
 )
-from deepspec_train.evaluation.report import conditional_acceptance
+from deepspec_train.evaluation.report import acceptance_rounds, conditional_acceptance
 from deepspec_train.formats.eval_traces import TraceRound
 
 MACRO = "macro avg"
@@ -64,14 +67,19 @@ class Table1:
     cost: dict[str, DraftCost]
     # axis -> drafter -> suite -> one BucketStat per POSITION_BUCKETS entry.
     positions: dict[str, dict[str, dict[str, list[BucketStat]]]]
+    # drafter -> suite -> the drafter's own tau interval, and the rounds behind each P(A_k | A_<k).
+    tau_interval: dict[str, dict[str, RatioEstimate]]
+    acceptance_rounds: dict[str, dict[str, list[int]]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "temperature": self.temperature, "seeds": list(self.seeds), "baseline": self.baseline,
             "drafters": list(self.drafters), "suites": list(self.suites), "prompts": self.prompts,
             "tau": self.tau, "macro_tau": self.macro_tau,
+            "tau_interval": {d: {s: e.to_dict() for s, e in by_suite.items()}
+                             for d, by_suite in self.tau_interval.items()},
             "ratios": {d: {s: e.to_dict() for s, e in by_suite.items()} for d, by_suite in self.ratios.items()},
-            "conditional_acceptance": self.acceptance,
+            "conditional_acceptance": self.acceptance, "acceptance_rounds": self.acceptance_rounds,
             "draft_cost": {d: {"sequential_layer_passes": c.sequential_layer_passes, "cpu_ms": c.cpu_ms.to_dict(),
                                "wall_ms": c.wall_ms.to_dict(), "modeled_us_h200_batch1": c.modeled_us}
                            for d, c in self.cost.items()},
@@ -115,10 +123,10 @@ def build_table1(
     by_drafter = {d: {s: tau[s][d] for s in suites} for d in drafters}
     others = [d for d in drafters if d != baseline]
     estimates = bootstrap_tau_ratios(totals, [(d, baseline) for d in others], replicates, bootstrap_seed)
-    acceptance = {
-        d: {s: conditional_acceptance([r for r in rows[d] if r.suite == s], block_sizes[d]) for s in suites}
-        for d in drafters
-    }
+    own = bootstrap_tau(totals, replicates, bootstrap_seed)
+    by_suite_rows = {d: {s: [r for r in rows[d] if r.suite == s] for s in suites} for d in drafters}
+    acceptance = {d: {s: conditional_acceptance(by_suite_rows[d][s], block_sizes[d]) for s in suites} for d in drafters}
+    reached = {d: {s: acceptance_rounds(by_suite_rows[d][s], block_sizes[d]) for s in suites} for d in drafters}
     cost = {
         d: DraftCost(layer_passes[d], draft_ms_per_round(rows[d], replicates, bootstrap_seed),
                      draft_ms_per_round(rows[d], replicates, bootstrap_seed, field="draft_seconds"),
@@ -140,6 +148,7 @@ def build_table1(
         prompts={s: next(iter(totals[s].values())).emitted.size for s in suites},
         tau=by_drafter, macro_tau={d: sum(by_drafter[d].values()) / len(suites) for d in drafters},
         ratios={d: estimates[(d, baseline)] for d in others}, acceptance=acceptance, cost=cost, positions=positions,
+        tau_interval={d: {s: own[s][d] for s in suites} for d in drafters}, acceptance_rounds=reached,
     )
 
 
@@ -149,11 +158,11 @@ def _interval(estimate: RatioEstimate) -> str:
 
 def tau_rows(table: Table1) -> tuple[list[str], list[list[str]]]:
     """Columns and rows of the main table, laid out as the paper's: one column per suite (with its prompt count)
-    and the macro average, a tau row per drafter, then a ratio row per drafter other than the baseline (whose
-    last cell is the geometric mean of the suites' ratios)."""
+    and the macro average, a tau row per drafter (with its interval), then a ratio row per drafter other than the
+    baseline (whose last cell is the geometric mean of the suites' ratios)."""
     others = [d for d in table.drafters if d != table.baseline]
     columns = ["", *(f"{s} (n={table.prompts[s]})" for s in table.suites), f"{MACRO} (ratios: {GEOMEAN})"]
-    body = [[f"tau {d}", *(f"{table.tau[d][s]:.3f}" for s in table.suites), f"{table.macro_tau[d]:.3f}"]
+    body = [[f"tau {d}", *(_interval(table.tau_interval[d][s]) for s in table.suites), f"{table.macro_tau[d]:.3f}"]
             for d in table.drafters]
     body += [[f"{d} / {table.baseline}", *(_interval(table.ratios[d][s]) for s in table.suites),
               _interval(table.ratios[d][GEOMEAN])] for d in others]
