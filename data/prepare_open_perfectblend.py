@@ -34,6 +34,7 @@ from typing import Any, Iterator, Optional
 
 from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation, write_conversations_jsonl
 from deepspec_train.errors import UserError, exit_on_user_error
+from deepspec_train.model_folders import check_target_folder
 from deepspec_train.output_paths import ensure_output_dir
 
 DEFAULT_SOURCE = "mlabonne/open-perfectblend"
@@ -221,6 +222,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 def _prepare(args: argparse.Namespace) -> int:
     if args.max_prompt_tokens is not None and args.tokenizer is None:
         raise UserError("--max-prompt-tokens needs --tokenizer")
+    if args.tokenizer is not None:
+        check_target_folder(args.tokenizer, "--tokenizer", weights=False, tokenizer=True, allow_hub=True)
     ensure_output_dir(args.out, "--out")
     manifest = prepare(
         args.source, args.out, args.split, args.validation_fraction, args.min_prompt_chars, args.max_prompt_chars,

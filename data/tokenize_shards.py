@@ -19,6 +19,7 @@ from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import DataSummary, build_token_dataset
 from deepspec_train.errors import exit_on_user_error
+from deepspec_train.model_folders import check_target_folder
 from deepspec_train.jobs.entry import parse_command_line
 from deepspec_train.output_paths import ensure_output_dir
 
@@ -48,6 +49,7 @@ def _tokenize(argv: list[str]) -> int:
     recipe, overrides = parse_command_line(argv)
     # Tokenising reads the target's tokenizer only: the rules that tie taps to its layers do not apply yet.
     cfg = load_recipe(recipe, overrides, check_target=False)
+    check_target_folder(cfg.target.path, "target.path", weights=False, tokenizer=True)
     if cfg.data.cache_dir:
         ensure_output_dir(cfg.data.cache_dir, "data.cache_dir")
     for split, summary in tokenize_recipe_data(cfg).items():

@@ -33,7 +33,7 @@ import numpy as np
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
 from deepspec_train.errors import UserError
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.output_paths import check_output_dir, ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, sts_payload, write_strict_json
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.figures import new_figure, save_png
@@ -114,6 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output_dir(args.out, "--out")
     if args.drafter:
         check_drafter_folder(args.drafter, "--drafter")
     out = ensure_output_dir(args.out, "--out")

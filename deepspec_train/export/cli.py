@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 
 from deepspec_train.errors import UserError
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.output_paths import check_output_dir, ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
 from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
@@ -68,6 +68,9 @@ def sts_file_for(calibration: str) -> Path:
 def run(args: argparse.Namespace) -> int:
     # The folder is made (and proven writable) before any work; a refused export takes it away again when it was
     # ours and is still empty, so a refusal leaves nothing behind.
+    # The output folder is proven writable first, then the drafter and target folders are checked (headers only),
+    # before the folder is made.
+    check_output_dir(args.out, "--out")
     check_drafter_folder(args.drafter, "--drafter")
     check_target_folder(args.target, "--target")
     created = not os.path.exists(args.out)

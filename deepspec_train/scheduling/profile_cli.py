@@ -75,8 +75,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Profile, print the table, write the JSON; returns the process exit status."""
-    # Before the imports of torch and transformers (here so that `deepspec --help` does not pay for them either):
-    # a wrong path is refused at once.
+    # The outputs first, then the target's folder, both before the imports of torch and transformers (here so that
+    # `deepspec --help` does not pay for them either): a wrong path is refused at once.
+    ensure_output_file(args.out, "--out")
+    dense = args.batch_sizes is None
+    if dense:
+        ensure_output_file(args.sglang_out or Path(args.out).with_suffix(".sglang.json"), "--sglang-out")
     check_target_folder(args.target, "--target", allow_hub=True)
     import torch
 
@@ -92,10 +96,6 @@ def run(args: argparse.Namespace) -> int:
     )
     from deepspec_train.target.loading import load_target_model
 
-    ensure_output_file(args.out, "--out")
-    dense = args.batch_sizes is None
-    if dense:
-        ensure_output_file(args.sglang_out or Path(args.out).with_suffix(".sglang.json"), "--sglang-out")
     max_tokens = args.max_batch_tokens if args.max_batch_tokens is not None else 256
     try:
         sizes = dense_batch_sizes(max_tokens) if dense else validated_batch_sizes(args.batch_sizes)
