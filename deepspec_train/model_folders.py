@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -133,13 +134,22 @@ def hub_unreachable() -> Optional[str]:
         if os.environ.get(variable, "").strip().lower() not in ("", "0", "false", "no"):
             return f"{variable} is set"
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    try:
-        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_PROBE_SECONDS).close()
-    except urllib.error.HTTPError:
-        return None
-    except (OSError, ValueError) as error:
-        return f"{endpoint} does not answer ({getattr(error, 'reason', error)})"
-    return None
+    outcome: list[Optional[str]] = []
+
+    def probe() -> None:
+        try:
+            urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=HUB_PROBE_SECONDS).close()
+            outcome.append(None)
+        except urllib.error.HTTPError:  # an answer, even an error status, means the hub is there
+            outcome.append(None)
+        except (OSError, ValueError) as error:
+            outcome.append(f"{endpoint} does not answer ({getattr(error, 'reason', error)})")
+
+    # In a thread: the socket timeout does not bound the name lookup, which can hang far longer without a network.
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+    thread.join(HUB_PROBE_SECONDS)
+    return outcome[0] if outcome else f"{endpoint} does not answer within {HUB_PROBE_SECONDS:g} s"
 
 
 def _in_hub_cache(model_id: str) -> bool:
