@@ -4,9 +4,10 @@ ends in one line naming the setting, in seconds.
 Without these checks transformers' ``from_pretrained`` takes a name that is not a local folder for a hub id and
 retries the network for about a minute before a traceback, and a weights file that is not safetensors fails deep
 inside loading (``SafetensorError: header too large``). Every entry point that takes a target or a drafter path
-(``train.py``'s ``target.path`` and ``drafter.init_from``, and the verbs' ``--target``, ``--drafter`` and
-``--model``) calls ``check_target_folder`` or ``check_drafter_folder`` first; a failed check raises ``UserError``
-(exit status 2) with ``<setting> <path>: <what is wrong>``.
+(``train.py``'s ``target.path`` and ``drafter.init_from``, the verbs' ``--target``, ``--drafter`` and ``--model``,
+the data scripts' ``--tokenizer``) calls ``check_target_folder`` or ``check_drafter_folder`` first (training's
+``jobs.preflight`` the ``*_problem`` functions behind them); a failed check raises ``UserError`` (exit status 2)
+with ``<setting> <path>: <what is wrong>``.
 
 A value is a local path when it exists, starts with ``.``, ``/`` or ``~``, or is not shaped like a hub id
 (``org/name`` or ``name``): local paths are never looked up on the hub. A hub id is only accepted where the
