@@ -123,8 +123,12 @@ def plot_counted_positions(curves: Sequence[CountedCurve], ylabel: str, title: s
         y = np.array([np.nan if v is None else v for v in curve.values], dtype=np.float64)
         # Points sit over their drafter's count bar, so equal curves stay visible side by side.
         greyed = _draw_counted(top, x + offset, y, curve.counts, colour, curve.name)
-        if curve.counts:
-            bottom.bar(x + offset, np.maximum(curve.counts, 0.5), width, color=colour)
+        # A position no round reached has no bar (a log axis has no zero): a "0" at the foot says so.
+        reached = [i for i, n in enumerate(curve.counts) if n > 0]
+        bottom.bar(x[reached] + offset, [curve.counts[i] for i in reached], width, color=colour)
+        for i in sorted(set(range(len(curve.counts))) - set(reached)):
+            bottom.annotate("0", (x[i] + offset, 0.0), xycoords=("data", "axes fraction"), xytext=(0, 2),
+                            textcoords="offset points", ha="center", fontsize=7, color=colour)
         drawn["series"].append({"label": curve.name, "colour": colour, "x": x.tolist(), "y": json_values(y),
                                 "counts": list(curve.counts) or None, "greyed": greyed})
     top.set_ylabel(ylabel)
@@ -134,7 +138,7 @@ def plot_counted_positions(curves: Sequence[CountedCurve], ylabel: str, title: s
     _explain_greyed(top, drawn["series"])
     bottom.axhline(MIN_ROUNDS, color=GREY, linestyle="--", linewidth=1, label=f"minimum ({MIN_ROUNDS})")
     bottom.set_yscale("log")
-    counts = [n for c in curves for n in c.counts]
+    counts = [n for c in curves for n in c.counts if n > 0]
     bottom.set_ylim(0.5 * min([MIN_ROUNDS, *counts]), 2.0 * max([MIN_ROUNDS, *counts]))
     bottom.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
