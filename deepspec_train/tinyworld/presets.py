@@ -3,8 +3,9 @@
 A preset fixes every knob of ``deepspec tinyworld build``: how much corpus to generate, the tokenizer's
 vocabulary, the target's architecture, how long to train it, and how many conversations to regenerate.
 ``test`` builds in well under a minute (integration tests build it once per session); ``small`` (the default)
-builds in under ten minutes on two CPU cores and gives a target whose held-out loss is far below the unigram
-entropy of each domain.
+builds in under four minutes on two idle CPU cores (18 on two cores shared with other jobs: a build runs every
+step of its preset, whatever the load) and gives a target whose held-out loss is far below the unigram entropy of
+each domain.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ TEST = TinyWorldPreset(
 # fewer math problems leave more of the steps to code and prose. The preset keeps 5 layers (a 4-layer d 128
 # target reached 4.13 / 4.84 / 0.70 in its own 381 s build) because the EAGLE-3 baseline taps three layers
 # in 1..L-2 (low / mid / high, never the last layer). Its own build on 2 threads: 400 steps in 338 s,
-# 4.34 / 5.11 / 0.72, 421 s in all.
+# 4.34 / 5.11 / 0.72, 421 s in all; on 2 cores shared with other jobs (1 thread, load 6-8): 400 steps in 973 s,
+# 4.341 / 5.106 / 0.718, 1,100 s in all.
 #
 # The drafters' conversations are sampled from the target as the quality benchmark decodes it, at T = 1 without
 # top-p / top-k truncation: a drafter learns the distribution it will be asked to match. On validation prompts

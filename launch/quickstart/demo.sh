@@ -21,7 +21,8 @@
 # rest under 1. Two training seeds make the report's intervals cover training variance (a two-level bootstrap over
 # training seeds and prompts); one seed (TRAINING_SEEDS=1 SEEDS=6: 21 min 40 s) gives intervals over prompts only,
 # which missed a 1.207 -> 1.133 change of DSpark / EAGLE-3 between two trainings. TRAINING_SEEDS=3 is for a
-# longer run or a faster machine.
+# longer run or a faster machine. On cores shared with other jobs the tiny world takes longer, not less (18 min at a
+# load of 6-8): it trains every step of its preset, so it is the same world on a busy machine (docs/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash launch/quickstart/setup_env.sh
