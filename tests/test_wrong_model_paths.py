@@ -133,6 +133,16 @@ def test_train_py_refuses_a_drafter_init_from_that_is_not_a_drafter(world, tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_data_scripts_refuse_a_wrong_tokenizer_folder(world, tmp_path) -> None:
+    script = [sys.executable, str(REPO / "data" / "tokenize_shards.py"), "recipe=tiny-dspark"]
+    refused([*script, f"target.path={world['notes']}", f"data.cache_dir={tmp_path / 'cache'}"], tmp_path,
+            "target.path", "no tokenizer there")
+    refused([sys.executable, str(REPO / "data" / "prepare_open_perfectblend.py"), "--source", str(world["rows"]),
+             "--out", str(tmp_path / "prompts"), "--tokenizer", "org/no-such-model"], tmp_path, "--tokenizer",
+            "the hub is unreachable")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_local_looking_values_are_never_hub_ids(tmp_path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
     assert is_hub_id("Qwen/Qwen3-8B") and is_hub_id("models/Qwen3-8B") and is_hub_id("gpt2")
