@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from deepspec_train.comparison.collect import DrafterRow
@@ -61,7 +62,7 @@ def titled(text: str, settings: str) -> str:
     return f"{text}, {settings}" if settings else text
 
 
-def _explain_greyed(ax, series: Sequence[dict[str, Any]]) -> None:
+def _explain_greyed(ax: Axes, series: Sequence[dict[str, Any]]) -> None:
     """A legend entry for hollow grey points, when a series has one."""
     if any(any(s["greyed"]) for s in series):
         ax.plot([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor=GREY,
@@ -92,7 +93,7 @@ class CountedCurve:
     counts: Sequence[int]
 
 
-def _draw_counted(ax, x: np.ndarray, y: np.ndarray, counts: Sequence[int], colour: str, label: str,
+def _draw_counted(ax: Axes, x: np.ndarray, y: np.ndarray, counts: Sequence[int], colour: str, label: str,
                   yerr: np.ndarray | None = None) -> list[bool]:
     """A curve whose points below ``MIN_ROUNDS`` are hollow grey: the line faint through every point, solid
     markers (and error bars) only where the count suffices. Returns which points were greyed."""
