@@ -119,7 +119,7 @@ def test_a_bad_group_is_refused_in_one_line_before_anything_loads(tiny_world: Pa
 
 
 def test_a_user_error_in_one_group_ends_the_run_in_one_line(tiny_world: Path, tmp_path: Path, capsys) -> None:
-    # A folder that exists passes validation; that it holds no drafter is found once the target has loaded.
+    # A folder that exists passes the recipe's rules; that it holds no drafter is found before anything loads.
     not_a_drafter = tmp_path / "not_a_drafter"
     not_a_drafter.mkdir()
     assert main(group_args(tiny_world, tmp_path, extra=(f"tiny-eagle3:drafter.init_from={not_a_drafter}",))) == 2

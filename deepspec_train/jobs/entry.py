@@ -38,7 +38,7 @@ from deepspec_train.jobs.drafter_groups import (
     dry_run_text, is_group_command_line, launch_and_output_problems, load_groups, parse_group_command_line,
     prepare_directories,
 )
-from deepspec_train.jobs.preflight import Preflight, check_init_from, preflight
+from deepspec_train.jobs.preflight import Preflight, preflight
 from deepspec_train.jobs.refusal_cleanup import removed_if_refused
 from deepspec_train.jobs.run_directory import holds_a_run, output_dir_problems
 from deepspec_train.output_paths import check_output_dir, ensure_output_dir
@@ -152,9 +152,7 @@ def _train_groups(argv: list[str], dry_run: bool) -> int:
         raise ConfigError(problems[0])
     prepare_directories(groups, dry_run=True)
     # The groups share one target and one data order (``drafter_groups.shared_setting_problems``).
-    checks = preflight(groups[0].cfg, stop_early=not dry_run)
-    for group in groups[1:]:
-        check_init_from(group.cfg, checks)
+    checks = preflight(groups[0].cfg, stop_early=not dry_run, groups=[(g.label, g.cfg) for g in groups])
     if dry_run:
         print(dry_run_text(groups) + checks.report(), end="")
         _refuse_if_stopped(checks, dry_run=True)

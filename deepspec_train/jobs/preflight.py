@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -128,19 +129,26 @@ def check_tokenizer(cfg: RecipeConfig, checks: Preflight) -> None:
     checks.add(STOPS if problem else OK, f"target.path {path}: {problem or 'tokenizer loads'}", cause)
 
 
-def check_init_from(cfg: RecipeConfig, checks: Preflight) -> None:
+def check_init_from(cfg: RecipeConfig, checks: Preflight, who: str = "") -> None:
+    """``drafter.init_from`` (when set) is a drafter folder; ``who`` names the group in a run of drafter groups."""
     source = cfg.drafter.init_from
     if source is None:
         return
     problem = drafter_folder_problem(source)
-    checks.add(STOPS if problem else OK, f"drafter.init_from {source}: {problem or 'a drafter folder'}")
+    checks.add(STOPS if problem else OK, f"{who}drafter.init_from {source}: {problem or 'a drafter folder'}")
 
 
-def preflight(cfg: RecipeConfig, stop_early: bool = False) -> Preflight:
+def preflight(cfg: RecipeConfig, stop_early: bool = False,
+              groups: Sequence[tuple[str, RecipeConfig]] = ()) -> Preflight:
     """Every check of the module docstring, the cheap ones first; ``stop_early`` (a real run) ends at the first
-    finding that stops the run."""
+    finding that stops the run. ``groups``: the (label, recipe) of each group of a run of drafter groups, which
+    share ``cfg``'s target and data; each group's ``drafter.init_from`` is checked, named by its label."""
+    def init_from(_: RecipeConfig, found: Preflight) -> None:
+        for label, group_cfg in groups:
+            check_init_from(group_cfg, found, f"group {label}: ")
+
     checks = Preflight()
-    for check in (check_target_files, check_init_from, check_data, check_tokenizer):
+    for check in (check_target_files, init_from if groups else check_init_from, check_data, check_tokenizer):
         check(cfg, checks)
         if stop_early and checks.stops:
             break
