@@ -21,6 +21,7 @@ from deepspec_train.jobs.run import run_training
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 from deepspec_train.validation import load_recipe
+from tests.helpers.checkable_target import write_checkable_target
 from tests.helpers.run_history import assert_same_training, history
 from tests.helpers.streaming_world import read_logs, recipe_overrides, run_ranks, start_ranks, wait_all
 
@@ -78,9 +79,9 @@ def test_streamed_groups_train_as_alone_and_a_shorter_group_ends_first(streaming
 
 
 def test_a_user_error_in_one_streamed_group_ends_every_rank_in_one_line(streaming_world, tmp_path: Path) -> None:
-    # A folder that exists passes validation; that it holds no drafter is found on the group's drafter rank.
-    not_a_drafter = tmp_path / "not_a_drafter"
-    not_a_drafter.mkdir()
+    # A folder shaped like an export (config.json and readable safetensors) passes the checks made before the run;
+    # that its config names no drafter layout is found on the group's drafter rank, once it loads.
+    not_a_drafter = write_checkable_target(tmp_path / "not_a_drafter")
     args = group_args(streaming_world, tmp_path / "run", (f"tiny-eagle3:drafter.init_from={not_a_drafter}",))
     codes = wait_all(start_ranks(["train.py", *args], WORLD_SIZE, tmp_path / "logs"), timeout=240)
     logs = read_logs(tmp_path / "logs", WORLD_SIZE)
