@@ -208,7 +208,7 @@ class TrainConfig:
     epochs: float = 10.0
     # When set, overrides `epochs`.
     max_steps: Optional[int] = None
-    # Optimizer steps each target pass feeds (``training.feature_replay``): the drafter keeps a pass's
+    # Optimizer steps each target pass feeds (``training.feature_source.PassReplay``): the drafter keeps a pass's
     # micro-batches and trains on them this many times, so the target runs once per this many steps. 1: every
     # step runs the target (a run's step count, data order and anchors are per step then; with R, step ``s``
     # trains on what step ``s // R`` trains on without reuse).

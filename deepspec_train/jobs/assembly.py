@@ -50,8 +50,7 @@ from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.checkpoint import checkpoint_step, resolve_resume
 from deepspec_train.training.distributed import DistContext, barrier
 from deepspec_train.training.feature_dtypes import feature_dtypes
-from deepspec_train.training.feature_replay import PassReplay
-from deepspec_train.training.feature_source import FeatureSource
+from deepspec_train.training.feature_source import FeatureSource, PassReplay
 from deepspec_train.training.preemption import Preempted
 from deepspec_train.training.trainer import DrafterTrainer, TrainSummary
 

@@ -6,7 +6,7 @@ does not know where its features come from. A step arrives as an outline (counts
 micro-batch, received only when the trainer asks for the next micro-batch, so the drafter holds one micro-batch of
 features at a time; with ``train.feature_reuse`` R > 1 (``replay``), a target pass arrives at its first step only
 (or at the step the run resumes from) and the drafter keeps its micro-batches for the pass's other steps
-(``training.feature_replay``), as a colocated drafter does. Its metrics are the stream's own measurements, reduced over the drafter ranks:
+(``training.feature_source.PassReplay``), as a colocated drafter does. Its metrics are the stream's own measurements, reduced over the drafter ranks:
 ``stream/target_wait_frac`` (the share of time spent waiting on the stream, mean over ranks),
 ``stream/wire_bytes_per_supervised_token`` and ``stream/peak_bytes_in_flight_group{g}`` (the peak bytes each
 feeding group's send queue held so far).
@@ -25,8 +25,7 @@ from deepspec_train.streaming.wire import (
     KIND_BATCH, KIND_TRAIN, KIND_VALIDATION, StreamMessage, StreamPlan, recv_message, recv_plan, send_ints,
 )
 from deepspec_train.training.distributed import DistContext, all_reduce_max, all_reduce_sum
-from deepspec_train.training.feature_replay import PassReplay
-from deepspec_train.training.feature_source import StepBatches
+from deepspec_train.training.feature_source import PassReplay, StepBatches
 
 
 class StreamedFeatureSource:

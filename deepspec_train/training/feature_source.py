@@ -7,22 +7,27 @@ its own measurements as a metrics dict. ``InProcessFeatureSource`` is the coloca
 runs the frozen target itself; the streamed one (``streaming.streamed_source``) receives the same batches from a
 target worker. Both follow the same ``steps.plan.StepPlan``, so a resumed run sees exactly the batches an
 uninterrupted one would, and streamed features are the colocated ones.
+
+Feature reuse (``train.feature_reuse`` R > 1): both sources keep the last target pass's micro-batches in a
+``PassReplay`` so that the pass's next R - 1 optimizer steps train on them again without a target forward (the
+steps of a pass are ``steps.plan.StepPlan.pass_of`` apart). Nothing of it is checkpointed: a run that resumes in
+the middle of a pass builds (or receives) that pass again and, the target being frozen and deterministic, gets the
+same features, so resume stays exact. The kept bytes are bounded by ``train.feature_reuse_bytes``: a pass that does
+not fit stops the run with one line naming the setting, at the first pass, before its first update.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Protocol
+from dataclasses import dataclass, field, fields
+from typing import Iterable, Iterator, Optional, Protocol
 
 import torch
 
+from deepspec_train.errors import UserError
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.steps.chunk_plan import chunks_slot_counts, merge_slot_counts
 from deepspec_train.steps.plan import StepPlan, data_state, next_step_of
-
-if TYPE_CHECKING:
-    from deepspec_train.training.feature_replay import PassReplay
 
 
 @dataclass
@@ -57,6 +62,56 @@ def batch_slot_counts(batch: PackedBatch) -> dict[int, torch.Tensor]:
     for sample_id in torch.unique(sequence_of_block).tolist():
         counts[sample_id] = per_block[sequence_of_block == sample_id].sum(0)
     return counts
+
+
+class ReplayBudgetError(UserError, ValueError):
+    """A target pass whose features do not fit ``train.feature_reuse_bytes``."""
+
+
+def batch_bytes(batch: PackedBatch) -> int:
+    """The bytes of every tensor of ``batch``."""
+    return sum(getattr(batch, f.name).nbytes for f in fields(batch))
+
+
+class PassReplay:
+    """One target pass's micro-batches (``StepBatches`` counts included), kept while its steps last."""
+
+    def __init__(self, budget_bytes: int, reuse: int):
+        self.budget_bytes = budget_bytes
+        self.reuse = reuse
+        self._pass: Optional[int] = None
+        self._step: Optional[StepBatches] = None
+        self.kept_bytes = 0
+
+    def kept(self, pass_index: int) -> Optional[StepBatches]:
+        """The kept step of ``pass_index`` as a fresh ``StepBatches`` (its batches iterable once more); None when
+        another pass, or none, is kept."""
+        if self._pass != pass_index or self._step is None:
+            return None
+        step = self._step
+        return StepBatches(step.num_batches, step.num_active, step.num_supervised, list(step.batches),
+                           step.slot_counts)
+
+    def keep(self, pass_index: int, step: StepBatches) -> StepBatches:
+        """Keep ``step`` (a pass's first use) and return it to train on. Its batches are kept as the trainer
+        iterates them, so a streamed pass still arrives one micro-batch at a time; only one pass is kept."""
+        self._pass, self.kept_bytes = pass_index, 0
+        kept: list[PackedBatch] = []
+        self._step = StepBatches(step.num_batches, step.num_active, step.num_supervised, kept, step.slot_counts)
+        return StepBatches(step.num_batches, step.num_active, step.num_supervised,
+                           self._keeping(step.batches, kept), step.slot_counts)
+
+    def _keeping(self, batches: Iterable[PackedBatch], kept: list[PackedBatch]) -> Iterator[PackedBatch]:
+        for batch in batches:
+            self.kept_bytes += batch_bytes(batch)
+            if self.kept_bytes > self.budget_bytes:
+                raise ReplayBudgetError(
+                    f"train.feature_reuse_bytes = {self.budget_bytes}: one target pass's features take more than "
+                    f"that on this drafter rank ({self.kept_bytes} bytes after {len(kept) + 1} micro-batches) to be "
+                    f"reused {self.reuse} times; raise it, or lower train.global_batch_sequences"
+                )
+            kept.append(batch)
+            yield batch
 
 
 class FeatureSource(Protocol):
