@@ -118,6 +118,63 @@ def test_local_backend_stops_at_end_of_turn(model_dir: str) -> None:
     assert backend.render_prompt(conversation, greedy).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+class CrashAfterAnswers:
+    """Delegates to a streaming backend and raises (as a killed process would stop) after ``answers`` answers."""
+
+    def __init__(self, inner: LocalBackend, answers: int) -> None:
+        self.inner, self.answers = inner, answers
+        self.max_in_flight, self.batched = inner.max_in_flight, inner.batched
+
+    def generate(self, conversations, sampling):
+        return self.inner.generate(conversations, sampling)
+
+    def stream(self, next_request, sampling, on_step=None):
+        for count, answered in enumerate(self.inner.stream(next_request, sampling, on_step)):
+            if count == self.answers:
+                raise RuntimeError("simulated crash")
+            yield answered
+
+
+def test_local_resume_writes_what_an_uninterrupted_run_writes(model_dir: str, tmp_path: Path) -> None:
+    """Each answer's random stream is its own (seed, row id, turn, prompt): a run cut short and resumed with other
+    batch sizes writes the same answers as one run."""
+    source = write_jsonl(tmp_path / "prompts.jsonl", PROMPT_ROWS)
+    whole, resumed = str(tmp_path / "whole.jsonl"), str(tmp_path / "resumed.jsonl")
+    regenerate_file(source, whole, LocalBackend(model_dir, batch_size=2, seed=5), SAMPLING, progress=False)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        regenerate_file(source, resumed, CrashAfterAnswers(LocalBackend(model_dir, batch_size=3, seed=5), 2), SAMPLING,
+                        progress=False)
+    assert len(read_jsonl(resumed)) == 2
+    summary = regenerate_file(source, resumed, LocalBackend(model_dir, batch_size=4, seed=5), SAMPLING, progress=False)
+    assert (summary.done, summary.skipped) == (4, 2)
+    by_id = {str(row["id"]): row for row in read_jsonl(whole)}
+    assert {str(row["id"]): row for row in read_jsonl(resumed)} == by_id and len(by_id) == 6
+    other_seed = str(tmp_path / "other_seed.jsonl")
+    regenerate_file(source, other_seed, LocalBackend(model_dir, batch_size=2, seed=6), SAMPLING, progress=False)
+    assert {str(row["id"]): row for row in read_jsonl(other_seed)} != by_id
+
+
+def test_local_multi_turn_all_answers_each_turn_after_its_own_answers(model_dir: str, tmp_path: Path) -> None:
+    rows = [
+        {"id": "two", "messages": [{"role": "user", "content": "u1"}, {"role": "assistant", "content": "x"},
+                                   {"role": "user", "content": "u2"}, {"role": "assistant", "content": "y"}]},
+        {"id": "one", "messages": [{"role": "user", "content": "w1"}]},
+        {"id": "three", "messages": [{"role": "user", "content": "v1"}, {"role": "assistant", "content": "x"},
+                                     {"role": "user", "content": "v2"}, {"role": "assistant", "content": "y"},
+                                     {"role": "user", "content": "v3"}]},
+    ]
+    source = write_jsonl(tmp_path / "prompts.jsonl", rows)
+    greedy = SamplingParams(temperature=0, max_new_tokens=5)
+    backend = LocalBackend(model_dir, batch_size=2)
+    summary = regenerate_file(source, str(tmp_path / "all.jsonl"), backend, greedy, progress=False, multi_turn="all")
+    assert summary.done == 3
+    out = {row["id"]: row["messages"] for row in read_jsonl(str(tmp_path / "all.jsonl"))}
+    assert [len(out[key]) for key in ("two", "one", "three")] == [4, 2, 6]
+    for messages in out.values():
+        for turn in range(1, len(messages), 2):
+            assert messages[turn]["content"] == backend.generate([messages[:turn]], greedy)[0]
+
+
 # ------------------------------------------------------------------------------------------------ HTTP path
 
 

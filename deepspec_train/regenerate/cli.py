@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=None, help="http: requests in flight")
     parser.add_argument("--retries", type=int, default=None, help="http: retries per request")
     parser.add_argument("--timeout", type=float, default=None, help="http: seconds per request")
-    parser.add_argument("--batch-size", type=int, default=None, help="local: conversations per generate call")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="local: answers decoded at once (a finished one's slot goes to the next prompt)")
     parser.add_argument("--device", default="cpu", help="local: torch device")
     parser.add_argument("--seed", type=int, default=0, help="local: sampling seed")
     parser.add_argument("--chat-template", default="",

@@ -1,23 +1,31 @@
-"""Answer conversations with a local transformers model (batched ``generate``): the backend for small targets.
+"""Answer conversations with a local transformers model: the backend for small targets.
 
 The prompt is the model's own chat template with the generation prompt appended, so the answers are what the
-target would say when served. Prompts are left-padded into batches (decoder-only models continue from the last
-position) and sorted by length first so a batch wastes little compute on padding.
+target would say when served. Decoding is continuous batching over a key/value cache (``decode_loop``): up to
+``batch_size`` answers decode together, an answer leaves at its turn end, and the next prompt takes its place.
+
+Sampling is reproducible and independent of batching: each answer's random stream is seeded from ``seed``, the
+request's ``seed_key`` (the row id and turn, given by the runner) and the prompt, so a resumed run writes the
+answers an uninterrupted one would have, whatever batch size or row order. (Until this backend decoded by itself,
+one seed was drawn per batch of ``generate``: the same seed gives other answers than it gave then.) Greedy
+decoding equals ``generate``'s token for token.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from deepspec_train.data.chat_templates import chat_tokenizer
 from deepspec_train.families.own_tokens import chat_turn_end
-from deepspec_train.regenerate.backend import GenerationError, Message
+from deepspec_train.regenerate.backend import Completion, GenerationError, Message, StepHook, TurnRequest
+from deepspec_train.regenerate.decode_loop import ContinuousDecoder, DecodeRequest
 from deepspec_train.regenerate.sampling import SamplingParams
 
 # ChatML ends every turn with this token; a model whose generation config only names <|endoftext|> as EOS
@@ -25,21 +33,8 @@ from deepspec_train.regenerate.sampling import SamplingParams
 TURN_END_TOKEN = "<|im_end|>"
 
 
-@dataclass
-class Completion:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    # "stop": the model ended its turn; "length": cut at max_new_tokens (OpenAI's names).
-    finish_reason: str
-
-
 class LocalBackend:
-    """``generate`` answers conversations in batches of ``batch_size`` on ``device``.
-
-    Sampling is reproducible: each batch's random stream is seeded from ``seed`` and the batch's prompts, so the
-    same batch gives the same answers whatever ran before it (a resumed run reproduces an interrupted one).
-    """
+    """Answers conversations on ``device``, up to ``batch_size`` at once (see the module docstring)."""
 
     batched = True
 
@@ -59,9 +54,6 @@ class LocalBackend:
             AutoTokenizer.from_pretrained(model_path), chat_template, f"regenerating with {model_path}",
             "--chat-template",
         )
-        self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
         self.eos_token_ids = self._stop_token_ids()
@@ -96,60 +88,41 @@ class LocalBackend:
 
     def complete(self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams) -> list[Completion]:
         """Answers with token counts and finish reasons, in the order of ``conversations``."""
-        prompts = [self.render_prompt(c, sampling) for c in conversations]
-        lengths = [len(self.tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]
-        order = sorted(range(len(prompts)), key=lambda i: lengths[i])
-        results: list[Completion | None] = [None] * len(prompts)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start : start + self.batch_size]
-            for i, completion in zip(batch, self._complete_batch([prompts[i] for i in batch], sampling)):
-                results[i] = completion
-        return [r for r in results if r is not None]
+        waiting = deque(TurnRequest(index, list(c)) for index, c in enumerate(conversations))
+        answered = self.stream(lambda: waiting.popleft() if waiting else None, sampling)
+        answers = {request.key: completion for request, completion in answered}
+        return [answers[index] for index in range(len(conversations))]
 
-    def _batch_seed(self, prompts: list[str]) -> int:
-        digest = hashlib.sha256(json.dumps([self.seed, prompts]).encode()).digest()
-        return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+    def stream(
+        self, next_request: Callable[[], TurnRequest | None], sampling: SamplingParams, on_step: StepHook | None = None
+    ) -> Iterator[tuple[TurnRequest, Completion]]:
+        """Answer requests as ``backend.StreamingBackend`` says, continuously batched."""
+        requests: dict[int, TurnRequest] = {}
+        numbers = itertools.count()
 
-    @torch.no_grad()
-    def _complete_batch(self, prompts: list[str], sampling: SamplingParams) -> list[Completion]:
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        sample_kwargs = (
-            {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-            if sampling.greedy
-            else {
-                "do_sample": True,
-                "temperature": sampling.temperature,
-                "top_p": sampling.top_p,
-                "top_k": sampling.top_k,
-            }
-        )
-        fork_devices = [self.device] if self.device.type == "cuda" else []
-        # fork_rng keeps the caller's global RNG untouched while this batch uses its own seeded stream.
-        with torch.random.fork_rng(devices=fork_devices):
-            torch.manual_seed(self._batch_seed(prompts))
-            output = self.model.generate(
-                **enc,
-                max_new_tokens=sampling.max_new_tokens,
-                eos_token_id=self.eos_token_ids,
-                pad_token_id=self.tokenizer.pad_token_id,
-                **sample_kwargs,
+        def next_prompt() -> DecodeRequest | None:
+            request = next_request()
+            if request is None:
+                return None
+            prompt = self.render_prompt(request.conversation, sampling)
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            number = next(numbers)
+            requests[number] = request
+            return DecodeRequest(number, ids, self._answer_seed(request.seed_key, prompt))
+
+        decoder = ContinuousDecoder(self.model, self.eos_token_ids, self.batch_size)
+        for answer in decoder.run(next_prompt, sampling, on_step):
+            self.completion_tokens += answer.completion_tokens
+            completion = Completion(
+                # skip_special_tokens drops control tokens but keeps <think>...</think>: Qwen3 registers those as
+                # non-special added tokens, and a thinking answer must keep its reasoning text.
+                text=self.tokenizer.decode(answer.token_ids, skip_special_tokens=True),
+                prompt_tokens=len(answer.request.prompt_ids),
+                completion_tokens=answer.completion_tokens,
+                finish_reason=answer.finish_reason,
             )
-        prompt_width = enc["input_ids"].shape[1]
-        prompt_lengths = enc["attention_mask"].sum(dim=1).tolist()
-        stops = set(self.eos_token_ids)
-        completions = []
-        for row, n_prompt in zip(output[:, prompt_width:].tolist(), prompt_lengths):
-            end = next((j for j, tok in enumerate(row) if tok in stops), None)
-            answer = row if end is None else row[:end]
-            completions.append(
-                Completion(
-                    # skip_special_tokens drops control tokens but keeps <think>...</think>: Qwen3 registers
-                    # those as non-special added tokens, and a thinking answer must keep its reasoning text.
-                    text=self.tokenizer.decode(answer, skip_special_tokens=True),
-                    prompt_tokens=int(n_prompt),
-                    completion_tokens=len(answer) + (0 if end is None else 1),
-                    finish_reason="length" if end is None else "stop",
-                )
-            )
-        self.completion_tokens += sum(c.completion_tokens for c in completions)
-        return completions
+            yield requests.pop(answer.request.key), completion
+
+    def _answer_seed(self, seed_key: str, prompt: str) -> int:
+        digest = hashlib.sha256(json.dumps([self.seed, seed_key, prompt]).encode()).digest()
+        return int.from_bytes(digest[:8], "little")

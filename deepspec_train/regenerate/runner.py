@@ -9,29 +9,33 @@ turn gets an answer appended.
 Output is OpenAI-form JSON lines (``id``, ``category`` when the input has one, ``messages``). Each finished
 row is appended and fsynced, so a crash loses only the rows in flight; a re-run reads the output, drops a
 half-written last line, and skips ids already there. The output may not be the input file (after resolving
-links) nor lie inside an input directory: both are refused before anything is read. Rows whose generation failed are not written, so the
-next run retries them. Row order in the output is completion order for a non-batched backend.
+links) nor lie inside an input directory: both are refused before anything is read. Rows whose generation failed
+are not written, so the next run retries them. Row order in the output is completion order, except for a batched
+backend that does not stream (chunk order).
+
+A streaming backend (``backend.StreamingBackend``: the local one) is fed one turn at a time: a row's next turn is
+queued as soon as its previous answer is back, so the backend's batch stays full, and its progress moves with
+every decoding step (``progress``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import count, islice
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from deepspec_train.data.conversations import (
     REASONING_INPUT_FIELDS, SHAREGPT_ROLES, BadRow, iter_records, normalize_conversation,
 )
 from deepspec_train.errors import UserError
-from deepspec_train.regenerate.backend import ChatBackend, GenerationError, Message
+from deepspec_train.regenerate.backend import ChatBackend, GenerationError, Message, StreamingBackend, TurnRequest
+from deepspec_train.regenerate.progress import RegenerateProgress
 from deepspec_train.regenerate.sampling import SamplingParams
 
 MULTI_TURN_MODES = ("first", "all")
@@ -218,12 +222,50 @@ def _chunks(rows: Iterable[PlannedRow], size: int) -> Iterator[list[PlannedRow]]
         yield chunk
 
 
+def _streamed_rows(
+    rows: Iterator[PlannedRow], backend: StreamingBackend, sampling: SamplingParams, progress: RegenerateProgress
+) -> Iterator[tuple[PlannedRow, list[dict], int]]:
+    """Rows answered turn by turn through ``backend.stream``, each with its answer tokens, as soon as done."""
+    next_turns: deque[TurnRequest] = deque()
+    filling: dict[int, tuple[PlannedRow, list[dict]]] = {}
+    tokens: Counter = Counter()
+    keys = count()
+
+    def turn(key: int, conversation: list[dict]) -> TurnRequest:
+        slot = _next_pending(conversation)
+        return TurnRequest(key, conversation[:slot], seed_key=f"{filling[key][0].id}/{slot}")
+
+    def next_request() -> TurnRequest | None:
+        if next_turns:
+            return next_turns.popleft()
+        row = next(rows, None)
+        if row is None:
+            return None
+        key = next(keys)
+        filling[key] = (row, [dict(m) for m in row.messages])
+        return turn(key, filling[key][1])
+
+    for request, completion in backend.stream(next_request, sampling, progress.step):
+        row, conversation = filling[request.key]
+        tokens[request.key] += completion.completion_tokens
+        conversation[_next_pending(conversation)]["content"] = completion.text
+        if _next_pending(conversation) is None:
+            del filling[request.key]
+            yield row, conversation, tokens.pop(request.key)
+        else:
+            next_turns.append(turn(request.key, conversation))
+
+
 def _answered_rows(
-    rows: Iterator[PlannedRow], backend: ChatBackend, sampling: SamplingParams
-) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError]]:
+    rows: Iterator[PlannedRow], backend: ChatBackend, sampling: SamplingParams, progress: RegenerateProgress
+) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError, int | None]]:
+    if callable(getattr(backend, "stream", None)):
+        yield from _streamed_rows(rows, backend, sampling, progress)
+        return
     if backend.batched:
         for chunk in _chunks(rows, backend.max_in_flight):
-            yield from zip(chunk, regenerate_rows(chunk, backend, sampling))
+            for row, result in zip(chunk, regenerate_rows(chunk, backend, sampling)):
+                yield row, result, None
         return
     # Independent requests: keep max_in_flight rows going and hand each back as soon as it is done, so one long
     # answer does not hold up the rest (a server batches whatever is in flight).
@@ -242,9 +284,9 @@ def _answered_rows(
 
 def _collect(
     pending: dict[Future, PlannedRow], done: set[Future]
-) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError]]:
+) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError, None]]:
     for future in done:
-        yield pending.pop(future), future.result()[0]
+        yield pending.pop(future), future.result()[0], None
 
 
 def _count_input_rows(input_path: str) -> int | None:
@@ -273,10 +315,10 @@ def regenerate_file(
     summary = RegenerateSummary()
     with (
         open(output_path, "a", encoding="utf-8") as out,
-        tqdm(total=_count_input_rows(input_path), disable=not progress, unit="row", desc="regenerate") as bar,
+        RegenerateProgress(_count_input_rows(input_path), sampling.max_new_tokens, enabled=progress) as bar,
     ):
-        rows = _input_rows(input_path, split, multi_turn, finished, summary, on_skip=lambda: bar.update(1))
-        for row, result in _answered_rows(rows, backend, sampling):
+        rows = _input_rows(input_path, split, multi_turn, finished, summary, on_skip=bar.skip)
+        for row, result, answer_tokens in _answered_rows(rows, backend, sampling, bar):
             if isinstance(result, GenerationError):
                 summary.failed += 1
                 summary.failure_reasons[result.reason] += 1
@@ -289,6 +331,5 @@ def regenerate_file(
                 out.flush()
                 os.fsync(out.fileno())
                 summary.done += 1
-            bar.update(1)
-            bar.set_postfix(failed=summary.failed, refresh=False)
+            bar.row_finished(failed=isinstance(result, GenerationError), answer_tokens=answer_tokens)
     return summary
