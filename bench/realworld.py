@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.first_token_law import first_token_law  # noqa: E402
 from bench.modeled_speedup import modeled_cost, speedup_ratios, trained_settings  # noqa: E402
-from bench.validation_curve import curve_of, curves_table, plot_curves  # noqa: E402
+from bench.validation_curve import Curve, curve_of, curves_table, plot_curves  # noqa: E402
 from bench.group_training import TrainingPlan, plan_training, train_all  # noqa: E402
 from deepspec_train.config.loader import read_recipe  # noqa: E402
 from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
@@ -146,8 +146,10 @@ def run_name(recipe: str, seed: int) -> str:
     return f"{recipe}@s{seed}"
 
 
-def training_plan(args: argparse.Namespace, out: Path, data: Path, target: Path) -> TrainingPlan:
-    """Every kind x training seed as a drafter group, on the regenerated data with one budget."""
+def training_plan(args: argparse.Namespace, out: Path, data: Path, target: Path, recipes: tuple[str, ...] = RECIPES,
+                  per_recipe: dict[str, list[str]] | None = None) -> TrainingPlan:
+    """Every kind x training seed as a drafter group, on the regenerated data with one budget (``per_recipe``:
+    overrides of one recipe's groups only)."""
     budget = []
     if args.steps:
         budget += [f"train.max_steps={args.steps}", f"train.checkpoint_every={args.steps}"]
@@ -157,13 +159,14 @@ def training_plan(args: argparse.Namespace, out: Path, data: Path, target: Path)
         budget += [f"train.global_batch_sequences={args.batch}", f"train.micro_batch_sequences={args.batch}"]
     # Several validation points make the E[L] curve that shows how far from converged the budget leaves them.
     if args.evaluations:
-        steps = args.steps or read_recipe(RECIPES[0])[1].train.max_steps
+        steps = args.steps or read_recipe(recipes[0])[1].train.max_steps
         budget.append(f"train.eval_every={max(1, steps // args.evaluations)}")
     shared = [f"target.path={target}", f"data.train=[{data / 'train.jsonl'}]",
               f"data.validation=[{data / 'validation.jsonl'}]", f"data.cache_dir={out / 'cache'}",
               "logging.wandb=false", f"logging.progress={str(not args.no_progress).lower()}", *budget,
               *args.override_all]
-    plan = plan_training(list(RECIPES), args.training_seeds, shared, {}, out, args.train_jobs, args.reuse)
+    plan = plan_training(list(recipes), args.training_seeds, shared, per_recipe or {}, out, args.train_jobs,
+                         args.reuse)
     for note in plan.notes:
         print(note, flush=True)
     return plan
@@ -179,7 +182,7 @@ def check_exactness(target, tokenizer, drafters: list[BenchDrafter], suites: lis
         for prompt in suite.prompts[:count]:
             messages = [{"role": "user", "content": prompt.turns[0]}]
             ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                return_dict=True)["input_ids"]
+                                                return_dict=True)["input_ids"].to(target.device)
             plain = target.generate(ids, max_new_tokens=new_tokens, do_sample=False, eos_token_id=stops,
                                     pad_token_id=stops[0])[0, ids.shape[1]:].tolist()
             for d in drafters:
@@ -207,28 +210,50 @@ def distribution_lines(target, tokenizer, drafters: list[BenchDrafter], suite: S
     return lines
 
 
-def tables_at(temperature: float, rows, args: argparse.Namespace, factors) -> tuple[str, dict]:
-    """The markdown and the JSON of one temperature: tau per suite, ratios, modeled speedups."""
+def trained_drafters(plan: TrainingPlan, recipes: tuple[str, ...], seeds: int, target_path: Path,
+                     device: str | torch.device = "cpu") -> list[BenchDrafter]:
+    """Every trained (recipe, training seed) drafter, named ``run_name``, seed by seed."""
+    return [BenchDrafter.of(run_name(r, s), load_exported_drafter(plan.run_dir(r, s) / "drafter", str(target_path),
+                                                                  device=device))
+            for s in range(seeds) for r in recipes]
+
+
+def modeled_factors(plan: TrainingPlan, recipes: tuple[str, ...]) -> dict[int, dict[str, float]]:
+    """Per reported batch, each recipe's modeled ``t_target / (t_verify + t_draft)`` (its production counterpart,
+    from the first training seed's settings)."""
+    costs = {r: modeled_cost(r, *trained_settings(plan.run_dir(r, 0) / "drafter")) for r in recipes}
+    return {b: {r: costs[r].times[b].speedup_per_token for r in recipes} for b in REPORT_BATCHES}
+
+
+def validation_curves(plan: TrainingPlan, recipes: tuple[str, ...], seeds: int) -> dict[str, Curve]:
+    """Each kind's validation E[L] curve over its training seeds, keyed by the kind's short name."""
+    return {r.removeprefix("smollm2-135m-"): curve_of([plan.run_dir(r, s) for s in range(seeds)]) for r in recipes}
+
+
+def tables_at(temperature: float, rows, args: argparse.Namespace, factors, recipes: tuple[str, ...] = RECIPES,
+              goals: dict[tuple[str, str], float] = GOALS) -> tuple[str, dict]:
+    """The markdown and the JSON of one temperature: tau per suite of ``recipes``, the ratios of the ``goals``
+    pairs, modeled speedups."""
     by_seed: list[dict] = []
     for seed in range(args.training_seeds):
-        names = {run_name(r, seed): r for r in RECIPES}
+        names = {run_name(r, seed): r for r in recipes}
         totals = totals_by_category({n: rows[n] for n in names}, group_of=lambda r: r.suite)
         by_seed.append({suite: {names[n]: t for n, t in per.items()} for suite, per in totals.items()})
     taus = pooled_tau(by_seed)
-    ratios = seed_and_prompt_ratios(by_seed, list(GOALS), args.bootstrap, seed=0)
+    ratios = seed_and_prompt_ratios(by_seed, list(goals), args.bootstrap, seed=0)
     speedups = {b: speedup_ratios(ratios, factors[b]) for b in REPORT_BATCHES}
     suites = sorted(taus)
-    pairs = list(GOALS)
-    columns = ["suite", *(f"tau {r.removeprefix('smollm2-135m-')}" for r in RECIPES),
+    pairs = list(goals)
+    columns = ["suite", *(f"tau {r.removeprefix('smollm2-135m-')}" for r in recipes),
                *(f"{a.removeprefix('smollm2-135m-')} / {b.removeprefix('smollm2-135m-')}" for a, b in pairs),
                *(f"modeled speedup ratio {b.removeprefix('smollm2-135m-')} b={n}" for n in REPORT_BATCHES
                  for _, b in pairs)]
-    body = [[s, *(f"{taus[s][r]:.3f}" for r in RECIPES), *(ratio_cell(ratios[p][s]) for p in pairs),
+    body = [[s, *(f"{taus[s][r]:.3f}" for r in recipes), *(ratio_cell(ratios[p][s]) for p in pairs),
              *(ratio_cell(speedups[n][p][s]) for n in REPORT_BATCHES for p in pairs)] for s in suites]
-    body.append(["geomean", *("" for _ in RECIPES), *(ratio_cell(ratios[p]["geomean"]) for p in pairs),
+    body.append(["geomean", *("" for _ in recipes), *(ratio_cell(ratios[p]["geomean"]) for p in pairs),
                  *(ratio_cell(speedups[n][p]["geomean"]) for n in REPORT_BATCHES for p in pairs)])
     lines = [markdown(columns, body), ""]
-    for pair, goal in GOALS.items():
+    for pair, goal in goals.items():
         g = ratios[pair]["geomean"]
         met = g.value >= goal and g.excludes_one()
         lines.append(f"- {pair[0]} / {pair[1]} ({args.training_seeds} training seed(s) each): geomean "
@@ -259,12 +284,9 @@ def main(argv: list[str]) -> int:
     target = AutoModelForCausalLM.from_pretrained(target_path, dtype=torch.float32).eval()
     target.requires_grad_(False)
     tokenizer = AutoTokenizer.from_pretrained(target_path)
-    drafters = [BenchDrafter.of(run_name(r, s), load_exported_drafter(plan.run_dir(r, s) / "drafter",
-                                                                      str(target_path)))
-                for s in range(args.training_seeds) for r in RECIPES]
+    drafters = trained_drafters(plan, RECIPES, args.training_seeds, target_path)
     checked = check_exactness(target, tokenizer, drafters, suites, args.exactness_prompts, args.new_tokens)
-    costs = {r: modeled_cost(r, *trained_settings(plan.run_dir(r, 0) / "drafter")) for r in RECIPES}
-    factors = {b: {r: costs[r].times[b].speedup_per_token for r in RECIPES} for b in REPORT_BATCHES}
+    factors = modeled_factors(plan, RECIPES)
 
     prompts = ", ".join(f"{s.name} {len(s.prompts)}" for s in suites)
     text = [f"# SmolLM2-135M-Instruct: DSpark against EAGLE-3 and DFlash ({args.training_seeds} training seed(s) "
@@ -276,8 +298,7 @@ def main(argv: list[str]) -> int:
         first_seed = [d for d in drafters if d.name.endswith("@s0")]
         text += [f"T = 1 distribution test ({suites[0].name}'s first prompt):",
                  *distribution_lines(target, tokenizer, first_seed, suites[0], args.distribution_samples), ""]
-    curves = {r.removeprefix("smollm2-135m-"): curve_of([plan.run_dir(r, s) for s in range(args.training_seeds)])
-              for r in RECIPES}
+    curves = validation_curves(plan, RECIPES, args.training_seeds)
     plot = plot_curves(curves, out / "validation_expected_len.png")
     evaluated = plan.groups[(RECIPES[0], 0)].cfg.train.eval_sequences
     text += [f"Validation E[L] by training step (up to {evaluated} validation conversations; mean [lowest, highest] "

@@ -119,8 +119,10 @@ class _DecodeJob:
         suite = self.suites[suite_index]
         prompt = suite.prompts[index]
         out = []
+        # The sampler draws on the target's device: a CPU generator cannot drive CUDA draws.
+        device = next(self.target.parameters()).device
         for d in self.drafters:
-            generator = torch.Generator().manual_seed(decode_seed(seed, suite.name, index))
+            generator = torch.Generator(device=device).manual_seed(decode_seed(seed, suite.name, index))
             decoder = SpeculativeDecoder(
                 self.target, self.tokenizer, d.drafter, d.loaded.target_layer_ids, d.block_size,
                 self.settings.temperature, generator=generator,
