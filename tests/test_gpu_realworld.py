@@ -61,7 +61,7 @@ def test_tiny_scale_runs_every_phase_and_writes_the_json_and_curves(tmp_path: Pa
 
     evaluated = phases["evaluate"]
     # 8 drafters (4 kinds x 2 training seeds), one prompt of each suite: greedy decoding equal to generate.
-    assert evaluated["exactness_pairs"] == 8 * 2
+    assert evaluated["exactness"] == {"equal": True, "pairs": 8 * 2}
     for temperature in ("1", "0"):
         table = evaluated["temperatures"][temperature]
         assert set(table["tau"]) == {"gsm8k", "humaneval"}
