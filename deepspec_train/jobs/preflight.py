@@ -15,12 +15,13 @@ import glob
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Optional
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.conversations import looks_like_a_path
-from deepspec_train.data.row_shapes import field_map
+from deepspec_train.data.row_shapes import accepted_shapes, field_map
 from deepspec_train.data.shape_detection import DETECTION_ROWS, open_source
 from deepspec_train.errors import UserError
 from deepspec_train.model_folders import (
@@ -75,8 +76,10 @@ def _is_local(source: str) -> bool:
     return Path(os.path.expanduser(source)).exists() or glob.has_magic(source) or looks_like_a_path(source)
 
 
-def check_data(cfg: RecipeConfig, checks: Preflight) -> None:
-    """The first rows of every local source of ``data.train`` and ``data.validation``."""
+def check_data(cfg: RecipeConfig, checks: Preflight, shapeless_stops: bool = True) -> None:
+    """The first rows of every local source of ``data.train`` and ``data.validation``. Without ``shapeless_stops``
+    (a real run) a source whose first rows have no known shape is left to tokenising, whose refusal counts every
+    row and names the first bad one (``data.usable_rows``); the refused run then removes its folder."""
     names = field_map(cfg.data.fields)
     for setting, sources in (("data.train", cfg.data.train), ("data.validation", cfg.data.validation)):
         for source in sources:
@@ -89,8 +92,10 @@ def check_data(cfg: RecipeConfig, checks: Preflight) -> None:
                 checks.add(STOPS, f"{error} ({setting})", error)
                 continue
             if shaped.shape is None:
-                checks.add(STOPS, f"{setting} {source}: none of its first {DETECTION_ROWS} rows has a row shape "
-                                  "this project reads (docs/data.md; data.format and data.fields name others)")
+                if shapeless_stops:
+                    checks.add(STOPS, f"{setting} {source}: none of its first {DETECTION_ROWS} rows has a row shape "
+                                      f"this project reads; row shapes accepted: {accepted_shapes()}; change "
+                                      "data.format, data.fields (docs/data.md)")
             else:
                 how = "detected" if shaped.detected else "data.format"
                 checks.add(OK, f"{setting} {source}: readable, {shaped.shape.name} rows ({how})")
@@ -148,7 +153,8 @@ def preflight(cfg: RecipeConfig, stop_early: bool = False,
             check_init_from(group_cfg, found, f"group {label}: ")
 
     checks = Preflight()
-    for check in (check_target_files, init_from if groups else check_init_from, check_data, check_tokenizer):
+    data = partial(check_data, shapeless_stops=not stop_early)
+    for check in (check_target_files, init_from if groups else check_init_from, data, check_tokenizer):
         check(cfg, checks)
         if stop_early and checks.stops:
             break
