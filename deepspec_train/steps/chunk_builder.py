@@ -26,15 +26,18 @@ def run_target(
     """Target forward over right-padded sequences; per sequence (ctx_features [L, K*d], final_hidden [L, d]).
 
     Right padding leaves every real position's causal computation unchanged, so no attention mask is needed
-    beyond marking the padding itself.
+    beyond marking the padding itself; a chunk of equal lengths has none, which the tap is told (no mask), so the
+    target forward reads nothing back from the device to find it out.
     """
-    longest = max(int(s.numel()) for s in sequences)
+    lengths = [int(s.numel()) for s in sequences]
+    longest = max(lengths)
     input_ids = torch.zeros(len(sequences), longest, dtype=torch.long)
     attention = torch.zeros(len(sequences), longest, dtype=torch.long)
     for i, seq in enumerate(sequences):
         input_ids[i, : seq.numel()] = seq
         attention[i, : seq.numel()] = 1
-    states = tap(input_ids.to(device), attention.to(device))
+    padded = min(lengths) < longest
+    states = tap(input_ids.to(device), attention.to(device) if padded else None)
     return [
         (states.ctx_features[i, : seq.numel()], states.final_hidden[i, : seq.numel()])
         for i, seq in enumerate(sequences)

@@ -5,6 +5,9 @@ Forward hooks are used instead of ``output_hidden_states`` because, with transfo
 ``hidden_states`` already has the final norm applied and the indexing convention differs between versions;
 hooks on ``layers[k]`` and ``norm`` mean exactly "output of decoder layer k" and "what lm_head consumes".
 The LM head itself is never run here: full-vocabulary logits are not needed on the target side.
+
+The caller says whether a batch is padded (a padding mask, or None), so the decoder layers' attention mask is
+built without reading a device value (``target.layer_masks``): the forward adds no host sync to a training step.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import torch
 from transformers import PreTrainedModel
 
 from deepspec_train.errors import UserError
+from deepspec_train.target.layer_masks import builds_layer_masks, layer_mask
 
 
 @dataclass
@@ -53,9 +57,13 @@ class TargetTap:
                     f"context must come from layers 0..{num_layers - 2} (never the last)"
                 )
         self.layer_ids = list(layer_ids)
+        self.builds_masks = builds_layer_masks(self.decoder.config)
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> TargetStates:
+        """The states of a forward over ``input_ids`` (``[batch, seq]``); ``attention_mask``: the 2D padding mask of a
+        padded batch, None for a batch without padding (an all-ones mask gives the same features, through a
+        materialised causal mask where None lets ``sdpa`` run ``is_causal``)."""
         captured: dict[str, torch.Tensor] = {}
 
         def keep(name: str):
@@ -64,8 +72,18 @@ class TargetTap:
 
             return hook
 
+        layer_pre_hooks = []
+        if self.builds_masks:
+            mask = layer_mask(self.decoder.config, input_ids, self.decoder.get_input_embeddings().weight.dtype,
+                              attention_mask)
+            layer_pre_hooks = [_with_mask(mask)] * len(self.decoder.layers)
+            # A 4D mask is returned as it is by transformers' mask building, which then reads nothing; every layer
+            # gets ``mask`` instead from its pre-hook.
+            attention_mask = _PLACEHOLDER_MASK
         handles = [self.decoder.layers[i].register_forward_hook(keep(f"layer{i}")) for i in self.layer_ids]
         handles.append(self.decoder.norm.register_forward_hook(keep("norm")))
+        handles += [layer.register_forward_pre_hook(hook, with_kwargs=True)
+                    for layer, hook in zip(self.decoder.layers, layer_pre_hooks)]
         try:
             self.decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
         finally:
@@ -73,3 +91,17 @@ class TargetTap:
                 handle.remove()
         ctx = torch.cat([captured[f"layer{i}"] for i in self.layer_ids], dim=-1)
         return TargetStates(ctx_features=ctx, final_hidden=captured["norm"])
+
+
+# Never reaches attention: a layer's pre-hook replaces it, and refuses to run a layer called without it.
+_PLACEHOLDER_MASK = torch.empty(0, 0, 0, 0, dtype=torch.bool)
+
+
+def _with_mask(mask: torch.Tensor | None):
+    def pre_hook(module, args, kwargs):
+        if kwargs.get("attention_mask") is not _PLACEHOLDER_MASK:
+            raise RuntimeError(f"{type(module).__name__} was called without the attention mask keyword the tap "
+                               "replaces; this target needs transformers' own mask building")
+        return args, kwargs | {"attention_mask": mask}
+
+    return pre_hook
