@@ -67,17 +67,24 @@ def test_progress_without_total_or_tokens_moves_row_by_row() -> None:
 
 def test_local_regeneration_moves_the_bar_before_any_row_ends(model_dir: str, tmp_path: Path, monkeypatch) -> None:
     seen: list[tuple[int, float]] = []
+    counted: list[int] = []
 
     class Recording(RegenerateProgress):
         def step(self, new_tokens, in_flight):
             super().step(new_tokens, in_flight)
             seen.append((self.answered, self.work_done()))
 
+        def row_finished(self, failed, answer_tokens=None):
+            super().row_finished(failed, answer_tokens)
+            counted.append(self.answered + len(self.in_flight))
+
     monkeypatch.setattr(runner, "RegenerateProgress", Recording)
     source = write_jsonl(tmp_path / "prompts.jsonl", ROWS)
     summary = regenerate_file(source, str(tmp_path / "out.jsonl"), LocalBackend(model_dir, batch_size=2), SAMPLING)
     assert summary.done == 5
     assert any(answered == 0 and 0 < work < 1 for answered, work in seen), seen
+    # A row that ends is counted once: done, and no longer in flight.
+    assert max(counted) == 5 and counted[-1] == 5
     # Reported at every step, not once per row.
     assert len(seen) > 2 * summary.done
 

@@ -60,7 +60,8 @@ class TurnRequest:
     seed_key: str = ""
 
 
-# Called after every decoding step with the answer tokens it generated and each unfinished answer's length so far.
+# Called after every decoding step with the answer tokens it generated and each unfinished answer's length so far,
+# before the answers the step finished are handed back.
 StepHook = Callable[[int, list[int]], None]
 
 

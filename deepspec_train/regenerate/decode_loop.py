@@ -73,22 +73,22 @@ class ContinuousDecoder:
         """Answer every request ``next_request`` gives, each yielded as soon as it is done (completion order).
         ``next_request`` returns None when it has nothing now; it is asked again while rows are in flight (the
         caller may add prompts when an answer comes back) and the run ends when it has nothing and no row is left.
-        ``on_step`` hears of every step (and every admission of new rows) after the rows it finished were yielded."""
+        ``on_step`` hears of every step (and every admission of new rows) just before the rows it finished are
+        yielded, so the answers it counts in flight are the unfinished ones."""
         cache = SlotCache(self.model.config.num_hidden_layers, self.slots)
         rows: list[_Row] = []
         report = on_step or (lambda new_tokens, in_flight: None)
         while True:
             admitted = self._admit(rows, cache, next_request, sampling)
+            report(admitted, self._unfinished_lengths(rows))
             yield from self._retire(rows, cache)
-            report(admitted, [len(row.tokens) for row in rows])
             if not rows:
                 if admitted:
                     continue
                 return
-            stepped = len(rows)
             self._step(rows, cache, sampling)
+            report(len(rows), self._unfinished_lengths(rows))
             yield from self._retire(rows, cache)
-            report(stepped, [len(row.tokens) for row in rows])
 
     def _admit(
         self, rows: list[_Row], cache: SlotCache, next_request: Callable[[], DecodeRequest | None],
@@ -129,6 +129,10 @@ class ContinuousDecoder:
             row.finish_reason = "stop"
         elif len(row.tokens) >= sampling.max_new_tokens:
             row.finish_reason = "length"
+
+    @staticmethod
+    def _unfinished_lengths(rows: list[_Row]) -> list[int]:
+        return [len(row.tokens) for row in rows if row.finish_reason is None]
 
     def _retire(self, rows: list[_Row], cache: SlotCache) -> Iterator[DecodedAnswer]:
         """Hand back the finished rows and free their slots."""
