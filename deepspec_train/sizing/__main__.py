@@ -1,13 +1,17 @@
 """``python -m deepspec_train.sizing``: print the docs' sizing tables (markdown) from ``deepspec_train.sizing`` and
-``deepspec_train.sizing.groups``. A module of its own so that the grouped accounting can build on the sizing
-model while the table printer reads both (no import cycle)."""
+``deepspec_train.sizing.groups``; ``python -m deepspec_train.sizing levers [recipe] [key=value ...]``: the modeled
+cost of anchor density and feature reuse (``deepspec_train.sizing.levers``). A module of its own so that the
+grouped accounting can build on the sizing model while the table printer reads both (no import cycle)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
+from deepspec_train.errors import UserError, one_line
+from deepspec_train.gpu_specs import GPUS
 from deepspec_train.sizing import FAMILY_RECIPES, cluster_row, long_context_rows, sizing_row
+from deepspec_train.sizing import levers as levers_module
 from deepspec_train.sizing.groups import GROUPED_RECIPES, grouped_row
 
 
@@ -66,6 +70,21 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # The tables take no option: parsing answers --help (exit 0) and refuses anything else before the work starts.
-    argparse.ArgumentParser(prog="python -m deepspec_train.sizing", description=main.__doc__).parse_args()
-    main()
+    # The tables take no option (``levers`` takes a recipe and overrides): parsing answers --help (exit 0) and
+    # refuses anything else before the work starts.
+    parser = argparse.ArgumentParser(prog="python -m deepspec_train.sizing", description=main.__doc__)
+    commands = parser.add_subparsers(dest="command")
+    levers = commands.add_parser("levers", help="the modeled cost of anchor density and feature reuse",
+                                 description=levers_module.__doc__.split("\n\n")[0])
+    levers.add_argument("recipe", nargs="?", default=levers_module.DEFAULT_RECIPE)
+    levers.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.feature_reuse=4")
+    levers.add_argument("--seq-len", type=int, default=levers_module.DEFAULT_SEQ_LEN, help="tokens per sequence")
+    levers.add_argument("--gpu", choices=sorted(GPUS), default=levers_module.DEFAULT_GPU)
+    args = parser.parse_args()
+    if args.command != "levers":
+        main()
+    else:
+        try:
+            levers_module.print_levers(args.recipe, args.overrides, args.seq_len, args.gpu)
+        except (UserError, ValueError) as error:  # a bad recipe, override or --seq-len: one line, status 2
+            levers.error(one_line(str(error)))
