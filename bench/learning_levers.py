@@ -66,7 +66,8 @@ VARIANTS = (
     Variant("anchors-64", ("anchors.num_per_sequence=64",)),
     Variant("reuse-4", ("anchors.num_per_sequence=16",), reuse=4),
     Variant("target-init", ("anchors.num_per_sequence=16", f"drafter.init_from_target_layers={LAST_LAYERS}")),
-    Variant("all-three", ("anchors.num_per_sequence=64", f"drafter.init_from_target_layers={LAST_LAYERS}"), reuse=4),
+    Variant("init-reuse-4", ("anchors.num_per_sequence=16", f"drafter.init_from_target_layers={LAST_LAYERS}"),
+            reuse=4),
 )
 REFERENCE = VARIANTS[0].name
 
