@@ -11,13 +11,15 @@ from collections import deque
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen3Config
 from transformers.generation.logits_process import (
     LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
 )
 
 from deepspec_train.regenerate import slot_cache
-from deepspec_train.regenerate.decode_loop import ContinuousDecoder, DecodeRequest, DecodedAnswer
+from deepspec_train.regenerate.decode_loop import (
+    ContinuousDecoder, DecodeRequest, DecodedAnswer, check_full_attention,
+)
 from deepspec_train.regenerate.sampling import SamplingParams
 from deepspec_train.regenerate.token_sampler import candidate_law, next_tokens
 
@@ -118,6 +120,17 @@ def test_a_stop_token_drawn_first_ends_the_answer_empty(model, prompts) -> None:
     first_token = generate_greedy(model, prompts[0], [], 1)[0]
     answers = decode(model, prompts[:1], GREEDY, 2, [first_token])
     assert (answers[0].token_ids, answers[0].finish_reason, answers[0].completion_tokens) == ([], "stop", 1)
+
+
+def test_models_with_sliding_window_layers_are_refused(model) -> None:
+    check_full_attention(model.config)
+    check_full_attention(Qwen3Config(num_hidden_layers=2))
+    with pytest.raises(ValueError, match="sliding_attention"):
+        check_full_attention(Qwen3Config(num_hidden_layers=2, use_sliding_window=True, max_window_layers=1))
+    mistral = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))
+    with pytest.raises(ValueError, match="full-attention models only"):
+        ContinuousDecoder(mistral, [2], slots=2)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-from transformers import PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.cache_utils import DynamicCache
 
 from deepspec_train.regenerate.backend import StepHook
@@ -54,12 +54,26 @@ class _Row:
     finish_reason: str | None = None
 
 
+def check_full_attention(config: PreTrainedConfig) -> None:
+    """Raise ``ValueError`` for a model with sliding-window or linear-attention layers: the slot cache keeps every
+    column of every layer and masks padding only, so such a model would attend past its window."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        others = sorted(set(layer_types) - {"full_attention"})
+    else:
+        others = [] if getattr(config, "sliding_window", None) is None else ["sliding_attention"]
+    if others:
+        raise ValueError(f"the local backend decodes full-attention models only; this one has {', '.join(others)} "
+                         "layers (serve it with vLLM or SGLang and use --backend http)")
+
+
 class ContinuousDecoder:
     """Answers prompts with ``model`` (see the module docstring); ``stop_ids`` end an answer."""
 
     def __init__(self, model: PreTrainedModel, stop_ids: list[int], slots: int) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
+        check_full_attention(model.config)
         self.model = model
         self.stop_ids = set(stop_ids)
         self.slots = slots

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from deepspec_train.data.chat_templates import chat_tokenizer
 from deepspec_train.families.own_tokens import chat_turn_end
 from deepspec_train.regenerate.backend import Completion, GenerationError, Message, StepHook, TurnRequest
-from deepspec_train.regenerate.decode_loop import ContinuousDecoder, DecodeRequest
+from deepspec_train.regenerate.decode_loop import ContinuousDecoder, DecodeRequest, check_full_attention
 from deepspec_train.regenerate.sampling import SamplingParams
 
 # ChatML ends every turn with this token; a model whose generation config only names <|endoftext|> as EOS
@@ -56,6 +56,7 @@ class LocalBackend:
         )
         torch_dtype = dtype if dtype == "auto" else getattr(torch, dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype).to(self.device).eval()
+        check_full_attention(self.model.config)
         self.eos_token_ids = self._stop_token_ids()
         # Answer tokens generated so far (the stop token included), for the tokens/s report.
         self.completion_tokens = 0
