@@ -16,7 +16,10 @@ import pytest
 from transformers import AutoTokenizer
 
 from deepspec_train.data import token_shards
-from deepspec_train.data.chat_templates import ChatTemplateMissingError, chat_template_problem, with_chat_template
+from deepspec_train.config.chat_template_setting import BUILT_IN_TEMPLATE_NAMES
+from deepspec_train.data.chat_templates import (
+    BUILT_IN_TEMPLATES, ChatTemplateMissingError, chat_template_problem, with_chat_template,
+)
 from deepspec_train.data.chatml_template import CHATML_TEMPLATE
 from deepspec_train.data.data_summary import DataSummary, SourceSummary
 from deepspec_train.data.loss_mask import render_text, render_with_loss_mask
@@ -184,6 +187,11 @@ def test_data_chat_template_gives_a_base_model_a_template(base_tokenizer, tokeni
         loaded = AutoTokenizer.from_pretrained(base_tokenizer.name_or_path)
         assert render_with_loss_mask(with_chat_template(loaded, setting), messages, MAX_LENGTH) == expected
     assert "neither a built-in template (chatml) nor a Jinja file" in chat_template_problem("no-such-template")
+
+
+def test_the_recipe_rules_know_every_built_in_template() -> None:
+    """The recipe check (``config``, below ``data``) names the built-in templates; each name has a template here."""
+    assert tuple(BUILT_IN_TEMPLATES) == BUILT_IN_TEMPLATE_NAMES
 
 
 def test_rows_that_cannot_fill_a_step_are_refused_naming_source_reason_and_line() -> None:

@@ -12,7 +12,7 @@ import torch
 from deepspec_train.config.schema import RecipeConfig, TargetConfig
 from deepspec_train.jobs.drafter_init import InitFromError, initialise_from
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.losses.selector_loss import SelectorRows, selector_loss
+from deepspec_train.models.dflash2_selector_loss import SelectorRows, selector_loss
 from deepspec_train.models.block_drafting import DraftContext
 from deepspec_train.models.dflash2_drafter import DFlash2Drafter
 from deepspec_train.models.dflash2_drafting import selector_lattice, walk_lattice

@@ -22,9 +22,9 @@ import math
 from pathlib import Path
 from typing import Any, Mapping
 
+from deepspec_train.config.chat_template_setting import chat_template_problem
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.config.shipped_files import resolve_shipped_path
-from deepspec_train.data.chat_templates import chat_template_problem
 from deepspec_train.families.catalog import family_of
 from deepspec_train.families.records import heads_and_widths_split
 

@@ -150,7 +150,7 @@ class DrafterConfig:
     compile: Optional[bool] = None
     # DFlash2 only (0 elsewhere): taps and channels per group of the dynamic depthwise convolutions around each
     # attention and MLP sublayer (``models.dflash2_drafter``); the rank and the top-K candidates per slot of the
-    # pairwise candidate selector; the weight of the selector's K-way CE in the loss (``losses.selector_loss``).
+    # pairwise candidate selector; the weight of the selector's K-way CE in the loss (``models.dflash2_selector_loss``).
     conv_kernel_size: int = 0
     conv_group_size: int = 0
     selector_rank: int = 0

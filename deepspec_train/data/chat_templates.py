@@ -13,24 +13,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from deepspec_train.config.chat_template_setting import CHATML, chat_template_problem
 from deepspec_train.data.chatml_template import CHATML_TEMPLATE
 from deepspec_train.errors import UserError
 
-BUILT_IN_TEMPLATES = {"chatml": CHATML_TEMPLATE}
+BUILT_IN_TEMPLATES = {CHATML: CHATML_TEMPLATE}
 
 
 class ChatTemplateMissingError(UserError):
     """Rows that are rendered with a chat template, for a tokenizer that has none and no ``data.chat_template``."""
-
-
-def chat_template_problem(setting: str) -> str | None:
-    """Why ``data.chat_template = setting`` is unusable (None when empty, a built-in name or a file)."""
-    if not setting or setting in BUILT_IN_TEMPLATES or Path(setting).expanduser().is_file():
-        return None
-    return (
-        f"data.chat_template = {setting!r} is neither a built-in template ({', '.join(BUILT_IN_TEMPLATES)}) nor "
-        f"a Jinja file"
-    )
 
 
 def with_chat_template(tokenizer: Any, setting: str, setting_name: str = "data.chat_template") -> Any:

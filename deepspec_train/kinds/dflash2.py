@@ -5,7 +5,7 @@ It drafts like DFlash (one backbone pass over ``[x_a, MASK, ...]``) in the 1 + N
 (``sample_from_anchor`` false: z-lab labels, slot ``j >= 1`` predicts ``x_{a+j}``, so ``drafter.labels`` must be
 ``zlab``), then walks the selector's lattice (``models.dflash2_drafting``). Its loss is DFlash's (the recipe's
 decay-weighted CE + distance terms) plus ``selector_loss_weight`` times the K-way CE of the selector against the
-true next token given the true predecessor (``losses.selector_loss``). It warm-starts from a trained DFlash of
+true next token given the true predecessor (``models.dflash2_selector_loss``). It warm-starts from a trained DFlash of
 the same shape (``drafter.init_from``): the convolutions start as the identity and the selector's pairwise term at
 zero, so the start drafts like the DFlash restricted to its top-K. It exports in the ``dflash2`` layout
 (``kinds.dflash2_layout``).
@@ -109,8 +109,8 @@ def predecessor_tokens(batch: PackedBatch) -> torch.Tensor:
 
 def _extra_loss(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cfg: RecipeConfig,
                 normalizer: Any) -> torch.Tensor:
-    """The selector's weighted K-way CE on the supervised rows (``losses.selector_loss``)."""
-    from deepspec_train.losses.selector_loss import SelectorRows, selector_loss
+    """The selector's weighted K-way CE on the supervised rows (``models.dflash2_selector_loss``)."""
+    from deepspec_train.models.dflash2_selector_loss import SelectorRows, selector_loss
 
     supervised = batch.supervised_mask
     rows = SelectorRows(output.hidden, module.lm_head.weight, predecessor_tokens(batch)[supervised],
@@ -123,11 +123,11 @@ def _extra_loss(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cf
 def _acceptance(module: nn.Module, output: DrafterOutput, batch: PackedBatch, cfg: RecipeConfig,
                 target_head_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Validation's c* and argmax hits from the selector's proposal ``q`` over the top-K candidates
-    (``losses.selector_loss.selector_acceptance``), not from the plain slot distribution ``softmax(lm_head(h) /
+    (``models.dflash2_selector_loss.selector_acceptance``), not from the plain slot distribution ``softmax(lm_head(h) /
     T)``: the walk drafts from ``q`` and verification accepts against ``q`` (``models.dflash2_drafting``), so
     ``val/expected_len`` estimates what the evaluator measures. Teacher forcing gives each slot its true
     predecessor, i.e. an accepted prefix, as DFlash's c* does; the temperature is the loss's, as there."""
-    from deepspec_train.losses.selector_loss import SelectorRows, selector_acceptance
+    from deepspec_train.models.dflash2_selector_loss import SelectorRows, selector_acceptance
 
     supervised = batch.supervised_mask
     rows = SelectorRows(output.hidden, module.lm_head.weight, predecessor_tokens(batch)[supervised],

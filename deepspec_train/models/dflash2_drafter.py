@@ -18,8 +18,8 @@ of candidate ``c`` after predecessor token ``p`` is ``unary[e, c] + sum_r A[p, r
 ``A = predecessor_codebook``, ``B = successor_codebook`` (both ``[V, r]``) and ``W_h = hidden_projection``. At
 decode time the predecessor of slot 0 is the anchor and of slot ``e`` the candidate chosen at ``e - 1``
 (``models.dflash2_drafting``); in training it is the true previous token (teacher forcing,
-``losses.selector_loss``). ``successor_codebook`` starts at zero, so the selector starts as the plain top-K of the
-DFlash logits.
+``models.dflash2_selector_loss``). ``successor_codebook`` starts at zero, so the selector starts as the plain top-K
+of the DFlash logits.
 """
 
 from __future__ import annotations
