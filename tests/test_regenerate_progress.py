@@ -35,23 +35,26 @@ class Clock:
 
 def test_rows_of_work_and_eta_from_the_work_left() -> None:
     clock = Clock()
-    progress = RegenerateProgress(total_rows=10, max_new_tokens=100, enabled=False, clock=clock)
+    progress = RegenerateProgress(total_rows=10, max_new_tokens=400, enabled=False, clock=clock)
     progress.skip()
     progress.skip()
-    # Before any row ends an answer is expected to run to max_new_tokens: two rows half way are one row of work.
+    # Before any row ends an answer is expected to run to max_new_tokens: two rows a quarter of the way are half a
+    # row of work.
     clock.now = 10.0
-    progress.step(100, [50, 50])
-    assert progress.work_done() == pytest.approx(1.0)
-    # One row of work in 10 s; 10 rows, 2 skipped on resume (not this run's work, not in the rate), 1 done: 70 s.
-    assert progress.eta_seconds() == pytest.approx(70.0)
-    assert progress.describe() == "10.0 answer tok/s, ETA 01:10, failed 0"
-    # A row ends after 25 tokens: answers are now expected 25 tokens long, the other row in flight is past that.
+    progress.step(200, [100, 100])
+    assert progress.work_done() == pytest.approx(0.5)
+    # Half a row of work in 10 s; 10 rows, 2 skipped on resume (not this run's work, not in the rate): 150 s left.
+    assert progress.eta_seconds() == pytest.approx(150.0)
+    assert progress.describe() == "20.0 answer tok/s, ETA 02:30, failed 0"
+    # A row ends at 120 tokens and another takes its slot. Expected now: 200 + 20 tokens generated per row ended;
+    # the row in flight at 110 tokens is half way, the new one at 10 a 22nd of the way.
     clock.now = 20.0
-    progress.row_finished(failed=False, answer_tokens=25)
-    progress.step(20, [60, 10])
-    assert progress.expected_tokens() == 25
-    assert progress.work_done() == pytest.approx(1 + 1 + 10 / 25)
-    assert progress.eta_seconds() == pytest.approx((10 - 2 - 2.4) / (2.4 / 20))
+    progress.step(20, [110])
+    progress.row_finished(failed=False)
+    progress.step(10, [110, 10])
+    assert progress.expected_tokens() == 230
+    assert progress.work_done() == pytest.approx(1 + 120 / 230)
+    assert progress.eta_seconds() == pytest.approx((10 - 2 - (1 + 120 / 230)) / ((1 + 120 / 230) / 20))
     progress.row_finished(failed=True)
     assert progress.describe().endswith("failed 1")
 
@@ -74,8 +77,8 @@ def test_local_regeneration_moves_the_bar_before_any_row_ends(model_dir: str, tm
             super().step(new_tokens, in_flight)
             seen.append((self.answered, self.work_done()))
 
-        def row_finished(self, failed, answer_tokens=None):
-            super().row_finished(failed, answer_tokens)
+        def row_finished(self, failed):
+            super().row_finished(failed)
             counted.append(self.answered + len(self.in_flight))
 
     monkeypatch.setattr(runner, "RegenerateProgress", Recording)

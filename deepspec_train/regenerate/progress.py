@@ -2,12 +2,14 @@
 
 A bar that counts finished rows stands still for minutes while a batch decodes and then jumps, and its rate
 (rows per second) and ETA are made of those jumps. This bar counts rows of work: a finished row is one, a row in
-flight is the share of an expected answer it has generated (``in_flight / expected``, at most one), where the
-expected answer length is the mean of the rows answered so far in this run (``max_new_tokens`` until the first
-one ends, so the first ETA errs long, never short). The rate is this run's rows of work per second since it
-started; rows skipped on resume (already in the output) or unreadable count on the bar but not in the rate. The
-ETA is the rows of work left divided by that rate. A backend that reports tokens (``--backend local``) also shows
-its answer tokens per second; one that does not (HTTP) moves the bar row by row.
+flight is the share of an expected answer it has generated (``in_flight / expected``, at most one). The expected
+answer is this run's answer tokens so far (of the rows ended and of those in flight) per row ended, at most
+``max_new_tokens`` (which it is until a row ends). Short answers end first, so the mean of the ended ones alone
+would make the early ETA err short; this estimate errs long at first and settles as rows end. The rate is this
+run's rows of work per second since it started; rows skipped on resume (already in the output) or unreadable count
+on the bar but not in the rate. The ETA is the rows of work left divided by that rate. A backend that reports
+tokens (``--backend local``) also shows its answer tokens per second; one that does not (HTTP) moves the bar row
+by row.
 
     regenerate:  41%|████      | 19.6/48 rows [02:10, 61.3 answer tok/s, ETA 03:08, failed 0]
 """
@@ -38,8 +40,7 @@ class RegenerateProgress:
         self.skipped = 0
         self.answered = 0
         self.failed = 0
-        # Answer tokens of the rows answered in this run, and of everything generated in this run.
-        self.answered_tokens = 0
+        # Answer tokens generated in this run.
         self.tokens = 0
         self.tokens_known = False
         self.in_flight: list[int] = []
@@ -66,19 +67,18 @@ class RegenerateProgress:
         self.in_flight = list(in_flight)
         self._show()
 
-    def row_finished(self, failed: bool, answer_tokens: int | None = None) -> None:
-        """A row of this run is done (written, or failed), its answers ``answer_tokens`` long in all when known."""
+    def row_finished(self, failed: bool) -> None:
+        """A row of this run is done (written, or failed)."""
         if failed:
             self.failed += 1
         else:
             self.answered += 1
-            self.answered_tokens += answer_tokens or 0
         self._show()
 
     def expected_tokens(self) -> float:
-        """The expected answer length of a row: the mean so far, or ``max_new_tokens`` before any row ends."""
-        if self.answered and self.answered_tokens:
-            return self.answered_tokens / self.answered
+        """The expected answer length of a row (see the module docstring)."""
+        if self.answered and self.tokens:
+            return min(self.tokens / self.answered, float(self.max_new_tokens))
         return float(self.max_new_tokens)
 
     def work_done(self) -> float:

@@ -224,11 +224,10 @@ def _chunks(rows: Iterable[PlannedRow], size: int) -> Iterator[list[PlannedRow]]
 
 def _streamed_rows(
     rows: Iterator[PlannedRow], backend: StreamingBackend, sampling: SamplingParams, progress: RegenerateProgress
-) -> Iterator[tuple[PlannedRow, list[dict], int]]:
-    """Rows answered turn by turn through ``backend.stream``, each with its answer tokens, as soon as done."""
+) -> Iterator[tuple[PlannedRow, list[dict]]]:
+    """Rows answered turn by turn through ``backend.stream``, each as soon as its last turn is done."""
     next_turns: deque[TurnRequest] = deque()
     filling: dict[int, tuple[PlannedRow, list[dict]]] = {}
-    tokens: Counter = Counter()
     keys = count()
 
     def turn(key: int, conversation: list[dict]) -> TurnRequest:
@@ -247,25 +246,23 @@ def _streamed_rows(
 
     for request, completion in backend.stream(next_request, sampling, progress.step):
         row, conversation = filling[request.key]
-        tokens[request.key] += completion.completion_tokens
         conversation[_next_pending(conversation)]["content"] = completion.text
         if _next_pending(conversation) is None:
             del filling[request.key]
-            yield row, conversation, tokens.pop(request.key)
+            yield row, conversation
         else:
             next_turns.append(turn(request.key, conversation))
 
 
 def _answered_rows(
     rows: Iterator[PlannedRow], backend: ChatBackend, sampling: SamplingParams, progress: RegenerateProgress
-) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError, int | None]]:
+) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError]]:
     if callable(getattr(backend, "stream", None)):
         yield from _streamed_rows(rows, backend, sampling, progress)
         return
     if backend.batched:
         for chunk in _chunks(rows, backend.max_in_flight):
-            for row, result in zip(chunk, regenerate_rows(chunk, backend, sampling)):
-                yield row, result, None
+            yield from zip(chunk, regenerate_rows(chunk, backend, sampling))
         return
     # Independent requests: keep max_in_flight rows going and hand each back as soon as it is done, so one long
     # answer does not hold up the rest (a server batches whatever is in flight).
@@ -284,9 +281,9 @@ def _answered_rows(
 
 def _collect(
     pending: dict[Future, PlannedRow], done: set[Future]
-) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError, None]]:
+) -> Iterator[tuple[PlannedRow, list[dict] | GenerationError]]:
     for future in done:
-        yield pending.pop(future), future.result()[0], None
+        yield pending.pop(future), future.result()[0]
 
 
 def _count_input_rows(input_path: str) -> int | None:
@@ -318,7 +315,7 @@ def regenerate_file(
         RegenerateProgress(_count_input_rows(input_path), sampling.max_new_tokens, enabled=progress) as bar,
     ):
         rows = _input_rows(input_path, split, multi_turn, finished, summary, on_skip=bar.skip)
-        for row, result, answer_tokens in _answered_rows(rows, backend, sampling, bar):
+        for row, result in _answered_rows(rows, backend, sampling, bar):
             if isinstance(result, GenerationError):
                 summary.failed += 1
                 summary.failure_reasons[result.reason] += 1
@@ -331,5 +328,5 @@ def regenerate_file(
                 out.flush()
                 os.fsync(out.fileno())
                 summary.done += 1
-            bar.row_finished(failed=isinstance(result, GenerationError), answer_tokens=answer_tokens)
+            bar.row_finished(failed=isinstance(result, GenerationError))
     return summary
