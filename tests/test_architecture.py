@@ -1,6 +1,7 @@
 """Structural rules of the package, checked on its source: imports go one way between modules and between
 packages (no module or package imports itself back through others; function-level and type-checking imports
-count), decisions on the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of
+count), and down the rows of the package map that ``docs/architecture.md`` draws (the page is the layer table: a
+package or module imports only its own row and the rows under it, and every one of them is drawn), decisions on the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of
 ``kind == ...`` switches and ``isinstance`` tests on drafter classes scattered over the code, decisions on the
 serving layout go through the layout records instead of ``layout == ...`` switches, the recipe schema's
 enumerations agree with the registries, and no function of the package or of ``bench/`` takes more than eight
@@ -9,6 +10,7 @@ parameters (related ones travel as one record)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
@@ -20,7 +22,9 @@ from deepspec_train.kinds.registry import KINDS
 PACKAGE = Path(__file__).resolve().parents[1] / "deepspec_train"
 BENCH = PACKAGE.parent / "bench"
 MAX_PARAMETERS = 8
-KIND_NAMES = {"dspark", "dflash", "eagle3"}
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
+# Every registered kind: a switch on a kind added later is caught as soon as its record is registered.
+KIND_NAMES = set(KINDS)
 DRAFTER_CLASSES = {"ParallelDrafter", "Eagle3Drafter"}
 # The only modules that may name a drafter kind: the recipe schema (its allowed values) and the kind records.
 KIND_PLACES = {"config/schema.py", "kinds/parallel.py", "kinds/eagle3.py"}
@@ -137,6 +141,63 @@ def test_the_package_scan_finds_a_cycle() -> None:
     assert _imports_of_tree(tree, modules) == {"deepspec_train.kinds.registry"}
 
 
+_DRAWN_NAME = re.compile(r"([a-z_]+)(?:/|\.py)")
+
+
+def drawn_rows(page: str) -> list[list[str]]:
+    """The rows of the package map that ``page`` draws, top first: the packages (``name/``) and modules
+    (``name.py``) each line of the drawing starts with. Indented lines continue the description of the row above."""
+    drawing = page.split("## The package map", 1)[1].split("```", 2)[1]
+    rows = []
+    for line in drawing.splitlines():
+        names = []
+        for word in line.split() if line[:1].strip() else []:
+            match = _DRAWN_NAME.fullmatch(word)
+            if match is None:
+                break
+            names.append(match.group(1))
+        if names:
+            rows.append(names)
+    return rows
+
+
+def upward_imports(graph: dict[str, set[str]], rows: list[list[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for every edge of ``graph`` whose imported package is drawn in a row above the
+    importer's (a name missing from ``rows`` counts as drawn above everything, so it is reported too)."""
+    row_of = {name: index for index, row in enumerate(rows) for name in row}
+    return sorted(
+        (source, target) for source, targets in graph.items() for target in targets
+        if row_of.get(target, -1) < row_of.get(source, len(rows))
+    )
+
+
+def test_the_page_draws_every_package_and_module_once() -> None:
+    rows = drawn_rows(ARCHITECTURE_PAGE.read_text())
+    drawn = [name for row in rows for name in row]
+    assert len(drawn) == len(set(drawn))
+    assert set(drawn) == set(package_graph())
+
+
+def test_imports_run_down_the_drawn_rows() -> None:
+    """No package or module imports one drawn in a row above its own (the page's order is the code's)."""
+    assert upward_imports(package_graph(), drawn_rows(ARCHITECTURE_PAGE.read_text())) == []
+
+
+def test_the_layer_check_finds_an_upward_import() -> None:
+    """A planted import of the entry (``jobs``) from the pure pieces (``models``), inside a function and under
+    ``TYPE_CHECKING``, runs up the drawn rows; so does one into a package the page does not draw."""
+    graph = {name: set(targets) for name, targets in package_graph().items()}
+    rows = drawn_rows(ARCHITECTURE_PAGE.read_text())
+    before = set(upward_imports(graph, rows))
+    planted = "def build():\n    if TYPE_CHECKING:\n        from deepspec_train.jobs.cli import main\n"
+    graph["models"] |= {_package_of(dep) for dep in _imports_of_tree(ast.parse(planted), _modules())}
+    graph["config"].add("undrawn")
+    assert set(upward_imports(graph, rows)) - before == {("models", "jobs"), ("config", "undrawn")}
+    assert drawn_rows("## The package map\n```\na/  b.py   the top row\n    c/ continued\nd/   below\n```\n") == [
+        ["a", "b"], ["d"],
+    ]
+
+
 def _literals(node: ast.AST) -> list[object]:
     """The constants ``node`` is or holds (a tuple / list / set of constants)."""
     elements = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
@@ -198,6 +259,13 @@ def test_the_kind_check_finds_a_switch() -> None:
         "w = loaded.kind in ('dspark', 'dflash')\n"
     )
     assert _kind_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
+
+
+def test_the_kind_check_knows_every_registered_kind() -> None:
+    """The switch scan takes its names from the kind registry: a planted switch on the newest kind fails it."""
+    assert "dflash2" in KIND_NAMES
+    for name in KINDS:
+        assert _kind_decisions(ast.parse(f"if cfg.drafter.kind == {name!r}:\n    pass\n")) == [1], name
 
 
 def _wide_functions(tree: ast.AST) -> list[tuple[str, int]]:
