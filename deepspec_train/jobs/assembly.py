@@ -178,10 +178,11 @@ class TrainingJob:
             write_trained_drafter(self.trainer.model, cfg, self.out_dir / "drafter",
                                   target_fingerprint(cfg.target.path).to_dict())
             (self.out_dir / "summary.json").write_text(json.dumps(dataclasses.asdict(summary), indent=2))
-            log.info(
-                "done: %d steps in %.0f s, final loss %.4f, val E[L] %s", summary.steps, summary.seconds,
-                summary.final_loss, f"{summary.val_metrics.get('val/expected_len', float('nan')):.3f}",
-            )
+            expected_len = summary.val_metrics.get("val/expected_len")
+            # A recipe without validation data (the laptop one) has no E[L] to report; "nan" would read as a fault.
+            validation = "no validation data" if expected_len is None else f"val E[L] {expected_len:.3f}"
+            log.info("done: %d steps in %.0f s, final loss %.4f, %s", summary.steps, summary.seconds,
+                     summary.final_loss, validation)
         self.sink.finish()
         return summary
 
