@@ -25,10 +25,12 @@ its layers once over the block, EAGLE-3 steps through its KV cache one drafted t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum, auto
 from typing import Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
+from deepspec_train.models.markov_forms import markov_form
 
 WEIGHT_BYTES = 2
 ACTIVATION_BYTES = 2
@@ -49,15 +51,25 @@ class Weight:
         return WEIGHT_BYTES * self.read
 
 
+class GroupRole(Enum):
+    """What a kernel group does in a round, for a round built on another one (DFlash2 on DFlash) to find the
+    groups it extends or replaces; the group's name is only its label in tables."""
+
+    BACKBONE_LAYER = auto()
+    SAMPLING = auto()
+
+
 @dataclass(frozen=True)
 class KernelGroup:
     """Kernels that run one after the other inside a round and cannot overlap with the next group (each needs the
-    previous group's output): the weights they read, their activation bytes and matmul FLOPs."""
+    previous group's output): the weights they read, their activation bytes and matmul FLOPs, and the group's
+    ``role`` where a derived round looks for it (None: none does)."""
 
     name: str
     weights: tuple[Weight, ...]
     activation_bytes: float
     flops: float
+    role: Optional[GroupRole] = None
 
     @property
     def weight_bytes(self) -> int:
@@ -122,6 +134,7 @@ class _Group:
     weights: list[Weight] = field(default_factory=list)
     activations: float = 0.0
     flops: float = 0.0
+    role: Optional[GroupRole] = None
 
     def matmul(self, weight: str, rows: int, n_in: int, n_out: int, bias: Optional[str] = None,
                numel: Optional[int] = None, out_bytes: int = ACTIVATION_BYTES) -> None:
@@ -154,7 +167,7 @@ class _Group:
         self.activations += LOGIT_BYTES * rows * vocab
 
     def done(self) -> KernelGroup:
-        return KernelGroup(self.name, tuple(self.weights), self.activations, self.flops)
+        return KernelGroup(self.name, tuple(self.weights), self.activations, self.flops, self.role)
 
 
 @dataclass(frozen=True)
@@ -224,7 +237,7 @@ def parallel_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, sha
     embed.gather("embed_tokens.weight", vocab, d, b * block)
     groups.append(embed.done())
     for i in range(cfg.num_layers):
-        layer = _Group("backbone layer")
+        layer = _Group("backbone layer", role=GroupRole.BACKBONE_LAYER)
         _decoder_layer(layer, f"layers.{i}.", geometry, _LayerPass(b, block, shape.context_len + block), d, True,
                        ("input_layernorm",))
         groups.append(layer.done())
@@ -237,7 +250,7 @@ def parallel_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, sha
     if rank > 0:
         groups += _markov_groups(cfg, geometry, shape, drafts)
     else:
-        sample = _Group("sampling")
+        sample = _Group("sampling", role=GroupRole.SAMPLING)
         sample.sample(slots, draft_vocab)
         groups.append(sample.done())
     if cfg.confidence_head:
@@ -251,12 +264,16 @@ def parallel_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, sha
 
 def _markov_groups(cfg: DrafterConfig, geometry: DrafterGeometry, shape: RoundShape, drafts: int) -> list[KernelGroup]:
     """The Markov head's groups (see ``parallel_round``); ``MarkovHead`` in ``models.parallel_drafter`` has the
-    formulas. The slot-state part of a gated / RNN projection does not depend on the samples: one product first."""
+    formulas, the form's record (``models.markov_forms``) its projection. The slot-state part of a gated / RNN
+    projection does not depend on the samples: one product first."""
     d, vocab, r, b = geometry.hidden_size, geometry.vocab_size, cfg.markov_rank, shape.batch
     draft_vocab = min(cfg.draft_vocab_size or vocab, vocab)
-    head_type, slots = cfg.markov_head_type, b * drafts
-    # The gate / joint projection's weight [out, 2r + d] (RNN: [s ; e ; h]) or [out, d + r] (gated: [h ; e]).
-    projection = {"gated": ("gate_proj", r, r), "rnn": ("joint_proj", 3 * r, 2 * r)}.get(head_type)
+    slots = b * drafts
+    # The gate / joint projection's weight [out, token_part + d]: (name, out, token_part), None without one.
+    form_projection = markov_form(cfg.markov_head_type).projection
+    projection = None if form_projection is None else (
+        form_projection.name, form_projection.out_width(r), form_projection.token_width(r)
+    )
     groups = []
     if projection is not None:
         name, out, token_part = projection
@@ -366,7 +383,7 @@ def dflash2_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, shap
     base = parallel_round(cfg, geometry, taps, shape)
     groups, layer = [], 0
     for group in base.groups:
-        if group.name == "backbone layer":
+        if group.role is GroupRole.BACKBONE_LAYER:
             extra = _Group("")
             for conv in ("attention_conv", "mlp_conv"):
                 prefix = f"layers.{layer}.{conv}."
@@ -377,9 +394,10 @@ def dflash2_round(cfg: DrafterConfig, geometry: DrafterGeometry, taps: int, shap
                 # Each convolution reads its rows and writes them back, once per side.
                 extra.activations += 2 * 2 * ACTIVATION_BYTES * b * block * d
             groups.append(KernelGroup(group.name, group.weights + tuple(extra.weights),
-                                      group.activation_bytes + extra.activations, group.flops + extra.flops))
+                                      group.activation_bytes + extra.activations, group.flops + extra.flops,
+                                      group.role))
             layer += 1
-        elif group.name != "sampling":
+        elif group.role is not GroupRole.SAMPLING:
             groups.append(group)
     slots = b * base.drafts
     select = _Group("top-K candidates")

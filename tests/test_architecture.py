@@ -1,11 +1,13 @@
 """Structural rules of the package, checked on its source: imports go one way between modules and between
 packages (no module or package imports itself back through others; function-level and type-checking imports
 count), and down the rows of the package map that ``docs/architecture.md`` draws (the page is the layer table: a
-package or module imports only its own row and the rows under it, and every one of them is drawn), decisions on the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of
-``kind == ...`` switches and ``isinstance`` tests on drafter classes scattered over the code, decisions on the
-serving layout go through the layout records instead of ``layout == ...`` switches, the recipe schema's
-enumerations agree with the registries, and no function of the package or of ``bench/`` takes more than eight
-parameters (related ones travel as one record)."""
+package or module imports only its own row and the rows under it, and every one of them is drawn); decisions on
+the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches on
+any registered kind and ``isinstance`` tests on drafter classes scattered over the code, decisions on the serving
+layout go through the layout records instead of ``layout == ...`` switches, decisions on the Markov head's form
+go through its records (``models/markov_forms.py``); the recipe schema's enumerations agree with the registries,
+and no function of the package or of ``bench/`` takes more than eight parameters (related ones travel as one
+record)."""
 
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import get_args
 
-from deepspec_train.config.schema import LABEL_CONVENTIONS, DrafterKindName
+from deepspec_train.config.schema import LABEL_CONVENTIONS, MARKOV_HEAD_TYPES, DrafterKindName
+from deepspec_train.kinds.engine_reading import ENGINES
 from deepspec_train.kinds.layout_registry import LAYOUTS
 from deepspec_train.kinds.registry import KINDS
+from deepspec_train.models.markov_forms import MARKOV_FORMS
 
 PACKAGE = Path(__file__).resolve().parents[1] / "deepspec_train"
 BENCH = PACKAGE.parent / "bench"
@@ -329,6 +333,54 @@ def test_the_layout_check_finds_a_switch() -> None:
         "v = labels == 'dspark'\n"
     )
     assert _layout_decisions(ast.parse(source)) == [1, 3, 4, 5, 6]
+
+
+# The Markov head's forms: only their records may test for one (a form's name, or the schema's list of them).
+MARKOV_FORM_PLACES = {"models/markov_forms.py"}
+MARKOV_FORM_CONSTANTS = ("MARKOV_HEAD_TYPES", "VANILLA_MARKOV_HEAD")
+
+
+def _markov_form_decisions(tree: ast.AST) -> list[int]:
+    """Lines that compare a Markov head type to a form's name or to the schema's form constants, index a form-keyed
+    mapping by one, or look one up in a form-keyed mapping literal (``{"gated": ...}.get(head_type)``)."""
+    lines = []
+    for node in ast.walk(tree):
+        if _is_name_switch(node, set(MARKOV_FORMS), ("head_type", "markov", "form")):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Compare):
+            operands = [ast.unparse(operand) for operand in (node.left, *node.comparators)]
+            if any(name in operand for operand in operands for name in MARKOV_FORM_CONSTANTS):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(getattr(node.func, "value", None), ast.Dict):
+            if set(_literals(ast.Tuple(elts=node.func.value.keys))) & set(MARKOV_FORMS):
+                lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_markov_form_decisions_go_through_the_records() -> None:
+    assert _offenders(_markov_form_decisions, MARKOV_FORM_PLACES) == {}
+
+
+def test_the_markov_form_check_finds_a_switch() -> None:
+    """The scan above must catch the switches the records replaced (else it would pass on anything); a label that
+    happens to equal a form's name is no switch. Each planted line -> whether the scan must flag it."""
+    planted = {
+        "latent = embed if self.head_type == 'vanilla' else gated": True,
+        "reads = module.markov_head.head_type != 'vanilla'": True,
+        "needs_rank = head_type in MARKOV_HEAD_TYPES and head_type != VANILLA_MARKOV_HEAD": True,
+        "projection = {'gated': ('gate_proj', r, r), 'rnn': ('joint_proj', 3 * r, 2 * r)}.get(head_type)": True,
+        "sequential = cfg.markov_head_type in ('gated', 'rnn')": True,
+        "title = labels == 'gated'": False,
+    }
+    flagged = _markov_form_decisions(ast.parse("\n".join(planted)))
+    assert flagged == [line for line, expected in enumerate(planted.values(), start=1) if expected]
+
+
+def test_the_schema_names_the_markov_forms() -> None:
+    """``drafter.markov_head_type``'s values are the forms' records, and each form's engines are known engines."""
+    assert tuple(MARKOV_FORMS) == MARKOV_HEAD_TYPES
+    for form in MARKOV_FORMS.values():
+        assert set(form.engines) <= set(ENGINES), form.name
 
 
 def test_the_schema_names_the_registered_kinds() -> None:

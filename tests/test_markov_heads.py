@@ -15,7 +15,8 @@ from deepspec_train.models.block_drafting import DraftContext, ParallelBlockDraf
 from deepspec_train.losses.position_weights import decay_weights
 from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRows, selected_logit_loss
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.models.parallel_drafter import ParallelDrafter
+from deepspec_train.models.markov_forms import MARKOV_FORMS
+from deepspec_train.models.parallel_drafter import MarkovHead, ParallelDrafter
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY, VOCAB
@@ -185,3 +186,12 @@ def test_head_type_needs_a_markov_head() -> None:
         assert any(f"drafter.markov_head_type = 'rnn' is not used by drafter.kind={kind}" in p for p in problems)
     with pytest.raises(ValueError, match="markov_head_type"):
         ParallelDrafter(TINY_GEOMETRY, drafter_config("dspark", markov_head_type="lstm"), LAYER_IDS)
+
+
+@pytest.mark.parametrize("head_type", MARKOV_HEAD_TYPES)
+def test_a_form_record_lists_the_tensors_its_head_holds(head_type: str) -> None:
+    """The shapes the export layout and the serving-cost model read from the form's record are the head's own."""
+    head = MarkovHead(VOCAB, RANK, HIDDEN, head_type)
+    own = {name: tuple(p.shape) for name, p in head.named_parameters() if not name.startswith("markov_w")}
+    assert own == MARKOV_FORMS[head_type].parameter_shapes(RANK, HIDDEN)
+    assert head.form.recurrent == (head.initial_state(torch.zeros(2, HIDDEN)) is not None)

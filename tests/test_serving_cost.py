@@ -19,7 +19,9 @@ from deepspec_train.models.reference_configs import qwen3_reference_configs
 from deepspec_train.serving_cost import (
     ServedDrafter, group_seconds, main, production_counterpart, round_seconds, round_times, served_recipe,
 )
-from deepspec_train.serving_kernels import ACTIVATION_BYTES, LOGIT_BYTES, WEIGHT_BYTES, RoundShape, target_round
+from deepspec_train.serving_kernels import (
+    ACTIVATION_BYTES, LOGIT_BYTES, WEIGHT_BYTES, GroupRole, RoundShape, dflash2_round, parallel_round, target_round,
+)
 
 PRODUCTION = [
     ("qwen3-8b", []), ("qwen3-8b", ["drafter.markov_head_type=rnn"]), ("qwen3-8b", ["drafter.markov_head_type=gated"]),
@@ -214,3 +216,17 @@ def test_the_printed_tables(capsys) -> None:
         for gpu in ("H100", "H200", "B200"):
             assert f"| {name} |" in out and f"| 32 | {gpu} |" in out
     assert "| EAGLE-3 1x7 | 7 | 1 | H200 |" in out and "GPU facts: H100 3.35 TB/s" in out
+
+
+def test_dflash2_extends_the_dflash_round_by_group_role() -> None:
+    """DFlash2's round finds the DFlash groups it extends (each backbone layer: the convolutions' weights join it)
+    and the one it replaces (sampling: the selector's groups instead) by their roles; labels are for tables only."""
+    geometry = geometry_from_target_config(Qwen3Config(**TINY))
+    cfg = DrafterConfig(kind="dflash2", num_layers=2, block_size=5, markov_rank=0, confidence_head=False,
+                        labels="zlab", conv_kernel_size=2, conv_group_size=8, selector_rank=8, selector_top_k=4)
+    base, round_ = parallel_round(cfg, geometry, 3, RoundShape()), dflash2_round(cfg, geometry, 3, RoundShape())
+    layers = [group for group in round_.groups if group.role is GroupRole.BACKBONE_LAYER]
+    assert len(layers) == sum(group.role is GroupRole.BACKBONE_LAYER for group in base.groups) == cfg.num_layers
+    assert all(any(w.name.endswith("attention_conv.base_kernel") for w in group.weights) for group in layers)
+    assert any(group.role is GroupRole.SAMPLING for group in base.groups)
+    assert not any(group.role is GroupRole.SAMPLING for group in round_.groups)

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-from deepspec_train.config.schema import DSPARK_LABELS, MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
+from deepspec_train.config.schema import DSPARK_LABELS, DrafterConfig
 from deepspec_train.families.records import BLOCK_CAPTURE
 from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
 from deepspec_train.kinds.engine_reading import (
@@ -35,13 +35,14 @@ from deepspec_train.kinds.layout_spec import (
     published_as_is, stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
+from deepspec_train.models.markov_forms import (
+    DEFAULT_FORM, MARKOV_FORMS, SGLANG, VLLM, find_form, forms_served_by, served_by,
+)
 
 if TYPE_CHECKING:
     from torch import nn
 
 NAME = "dspark"
-SGLANG_MARKOV_HEAD_TYPES = MARKOV_HEAD_TYPES
-VLLM_MARKOV_HEAD_TYPES = (VANILLA_MARKOV_HEAD,)
 
 
 def dspark_fields(drafter: WrittenDrafter) -> dict[str, Any]:
@@ -61,7 +62,7 @@ def dspark_fields(drafter: WrittenDrafter) -> dict[str, Any]:
         # Our confidence head reads [h_k ; W1[x_prev]] whenever there is a Markov head.
         "confidence_head_with_markov": confidence and module.markov_rank > 0,
         "markov_rank": module.markov_rank,
-        "markov_head_type": VANILLA_MARKOV_HEAD if module.markov_head is None else module.markov_head.head_type,
+        "markov_head_type": DEFAULT_FORM.name if module.markov_head is None else module.markov_head.form.name,
     }
     if drafter.confidence_temperatures is not None:
         fields["confidence_temperatures"] = [float(t) for t in drafter.confidence_temperatures]
@@ -84,7 +85,8 @@ def _check_temperatures(check: ConfigCheck, block_size: int | None, confidence: 
 
 
 def _markov_tensors(head_type: Any, rank: int, d: int, vocab: int) -> dict[str, TensorSpec]:
-    """The Markov head's tensors: the two low-rank factors, plus the gate or the recurrent cell of its form."""
+    """The Markov head's tensors: the two low-rank factors, plus the gate or the recurrent cell of its form (none
+    for a value that names no form: the config check reports it)."""
     import torch
 
     f = torch.float32
@@ -92,13 +94,9 @@ def _markov_tensors(head_type: Any, rank: int, d: int, vocab: int) -> dict[str, 
         "markov_head.markov_w1.weight": TensorSpec((vocab, rank), f),
         "markov_head.markov_w2.weight": TensorSpec((vocab, rank), f),
     }
-    gated, rnn = MARKOV_HEAD_TYPES[1:]
-    if head_type == gated:
-        tensors["markov_head.gate_proj.weight"] = TensorSpec((rank, d + rank), f)
-        tensors["markov_head.gate_proj.bias"] = TensorSpec((rank,), f)
-    elif head_type == rnn:
-        tensors["markov_head.joint_proj.weight"] = TensorSpec((3 * rank, 2 * rank + d), f)
-        tensors["markov_head.joint_proj.bias"] = TensorSpec((3 * rank,), f)
+    form = find_form(head_type)
+    for name, shape in ({} if form is None else form.parameter_shapes(rank, d)).items():
+        tensors[f"markov_head.{name}"] = TensorSpec(shape, f)
     return tensors
 
 
@@ -111,10 +109,11 @@ def check_dspark_config(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     check.integer("num_anchors", 1)
     check.equals("tie_word_embeddings", False)
     head_type = check.config.get("markov_head_type")
+    form = find_form(head_type)
     if "markov_head_type" not in check.config:
         check.problems.append("config field markov_head_type is missing")
-    elif head_type not in MARKOV_HEAD_TYPES:
-        check.problems.append(f"config field markov_head_type = {head_type!r} is not one of {list(MARKOV_HEAD_TYPES)}")
+    elif form is None:
+        check.problems.append(f"config field markov_head_type = {head_type!r} is not one of {list(MARKOV_FORMS)}")
     if num_layers is not None:
         check.equals("layer_types", ["full_attention"] * num_layers)
     mask_in_vocab(check, "mask_token_id", None if g is None else g.vocab)
@@ -133,7 +132,8 @@ def check_dspark_config(check: ConfigCheck) -> Optional[dict[str, TensorSpec]]:
     tensors["lm_head.weight"] = TensorSpec((g.vocab, g.d), f)
     if rank > 0:
         tensors.update(_markov_tensors(head_type, rank, g.d, g.vocab))
-    elif head_type in MARKOV_HEAD_TYPES and head_type != VANILLA_MARKOV_HEAD:
+    elif form is not None and form.projection is not None:
+        # Rank 0 is no Markov head at all (a DSpark-label DFlash): a form with a projection of its own cannot be.
         check.problems.append(f"markov_head_type {head_type} needs markov_rank > 0")
     if confidence:
         tensors["confidence_head.proj.weight"] = TensorSpec((1, g.d + (rank if with_markov else 0)), f)
@@ -169,8 +169,8 @@ def read_dspark_config(config: Mapping[str, Any]) -> ExportReading:
 
 
 def _vllm_unserved(config: Mapping[str, Any]) -> Optional[str]:
-    head_type = config.get("markov_head_type", VANILLA_MARKOV_HEAD)
-    if head_type in VLLM_MARKOV_HEAD_TYPES:
+    head_type = config.get("markov_head_type", DEFAULT_FORM.name)
+    if served_by(VLLM, head_type):
         return None
     return (f"vLLM's qwen3_dspark builds only the vanilla Markov head and ignores markov_head_type; a {head_type} "
             "head's tensors would be refused: serve it with SGLang")
@@ -209,9 +209,9 @@ def _sglang_unserved(config: Mapping[str, Any]) -> Optional[str]:
 
 def _sglang_serve(reading: EngineReading, config: Mapping[str, Any], tensors: Mapping[str, Any], target: TargetFacts,
                   paths: ServePaths) -> None:
-    if config.get("markov_head_type") not in SGLANG_MARKOV_HEAD_TYPES:
+    if not served_by(SGLANG, config.get("markov_head_type")):
         reading.problems.append(f"markov_head_type {config.get('markov_head_type')!r} is not one of "
-                                f"{list(SGLANG_MARKOV_HEAD_TYPES)}: SGLang's DSPARK refuses it")
+                                f"{list(forms_served_by(SGLANG))}: SGLang's DSPARK refuses it")
     mask = config.get("mask_token_id")
     if not isinstance(mask, int) or not 0 <= mask < target.vocab_size:
         reading.problems.append(f"mask_token_id {mask!r} is not a token of the {target.vocab_size}-token "

@@ -30,12 +30,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from deepspec_train.config.schema import VANILLA_MARKOV_HEAD
 from deepspec_train.families.records import BLOCK_CAPTURE
 from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE, RAW_FIELDS, drafter_layer_fields, layer_config_problems
-from deepspec_train.kinds.dspark_layout import (
-    VLLM_MARKOV_HEAD_TYPES, check_dspark_config, dspark_fields, read_dspark_config,
-)
+from deepspec_train.kinds.dspark_layout import check_dspark_config, dspark_fields, read_dspark_config
 from deepspec_train.kinds.engine_reading import SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, speculative_config
 from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
 from deepspec_train.kinds.layout_spec import (
@@ -43,6 +40,7 @@ from deepspec_train.kinds.layout_spec import (
     stacked_depth,
 )
 from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
+from deepspec_train.models.markov_forms import DEFAULT_FORM, VLLM, served_by
 
 NAME = "speculators-dspark"
 SPECULATORS_TYPE = "dspark"
@@ -126,8 +124,8 @@ def _layers(engine: str, config: Mapping[str, Any], tensors: Mapping[str, Any]) 
 
 
 def _vllm_unserved(config: Mapping[str, Any]) -> Optional[str]:
-    head_type = config.get("markov_head_type", VANILLA_MARKOV_HEAD)
-    if head_type in VLLM_MARKOV_HEAD_TYPES:
+    head_type = config.get("markov_head_type", DEFAULT_FORM.name)
+    if served_by(VLLM, head_type):
         return None
     return f"vLLM's qwen3_dspark builds only the vanilla Markov head; a {head_type} head's tensors would be refused"
 

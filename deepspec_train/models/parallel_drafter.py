@@ -33,10 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from deepspec_train.config.schema import MARKOV_HEAD_TYPES, VANILLA_MARKOV_HEAD, DrafterConfig
+from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.models.activation_checkpointing import checkpointed, row_chunked
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.geometry import DrafterGeometry
+from deepspec_train.models.markov_forms import DEFAULT_FORM, markov_form
 from deepspec_train.models.qwen3_layers import AttentionBackend, RMSNorm, RotaryEmbedding, SwiGLU, apply_rotary, attend
 from deepspec_train.packing.attention_mask import dense_mask, flex_block_mask
 from deepspec_train.packing.batch import PackedBatch
@@ -162,68 +163,52 @@ class MarkovHead(nn.Module):
       first slot, ``u_k = tanh(o)``.
 
     Names, shapes and formulas are SGLang's ``models/dspark.py`` (``VanillaMarkov`` / ``GatedMarkovHead`` /
-    ``RNNHead``), which loads each type; vLLM's ``qwen3_dspark.py`` has only the vanilla head.
+    ``RNNHead``), which loads each type; vLLM's ``qwen3_dspark.py`` has only the vanilla head. What differs between
+    the forms (the projection, the state, the step) is the form's record (``models.markov_forms``).
     """
 
     def __init__(
-        self, vocab_size: int, rank: int, hidden_size: int, head_type: str = VANILLA_MARKOV_HEAD,
+        self, vocab_size: int, rank: int, hidden_size: int, head_type: str = DEFAULT_FORM.name,
         draft_vocab_size: int = 0,
     ) -> None:
         """``vocab_size``: the target vocabulary ``W1`` reads; ``draft_vocab_size``: the rows of ``W2`` (0: the
         target vocabulary too)."""
         super().__init__()
-        if head_type not in MARKOV_HEAD_TYPES:
-            raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {head_type!r}")
+        self.form = markov_form(head_type)
         self.head_type = head_type
         self.rank = rank
         self.markov_w1 = nn.Embedding(vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, draft_vocab_size or vocab_size, bias=False)
-        if head_type == "gated":
-            self.gate_proj = nn.Linear(hidden_size + rank, rank)
-        elif head_type == "rnn":
-            self.joint_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+        projection = self.form.projection
+        if projection is not None:
+            out_features, in_features = projection.weight_shape(rank, hidden_size)
+            self.add_module(projection.name, nn.Linear(in_features, out_features))
 
     def initial_state(self, like: torch.Tensor) -> Optional[torch.Tensor]:
         """The recurrent state before a block's first slot (``[*like.shape[:-1], r]`` zeros; None without one)."""
-        if self.head_type != "rnn":
-            return None
-        return like.new_zeros(*like.shape[:-1], self.rank)
+        return self.form.initial_state(like, self.rank)
 
     def hidden_projection(self, hidden: torch.Tensor) -> Optional[torch.Tensor]:
         """The part of the gate / joint projection that reads the slot state, bias included (``[..., r]`` gated,
         ``[..., 3r]`` rnn; None for vanilla). It does not depend on the sampled tokens, so a block computes it for
         every slot in one product before the sequential loop."""
-        if self.head_type == "gated":
-            return F.linear(hidden, self.gate_proj.weight[:, : hidden.shape[-1]], self.gate_proj.bias)
-        if self.head_type == "rnn":
-            return F.linear(hidden, self.joint_proj.weight[:, 2 * self.rank :], self.joint_proj.bias)
-        return None
+        projection = self.form.projection
+        if projection is None:
+            return None
+        layer = getattr(self, projection.name)
+        return F.linear(hidden, layer.weight[:, projection.hidden_columns(self.rank, hidden.shape[-1])], layer.bias)
 
     def step(
         self, prev_tokens: torch.Tensor, hidden_projection: Optional[torch.Tensor], state: Optional[torch.Tensor]
     ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         """One slot: ``prev_tokens [...]``, the slot's ``hidden_projection`` and ``state [..., r]`` -> (latent
         ``u [..., r]``, next state)."""
-        embed = self.markov_w1(prev_tokens)
-        if self.head_type == "vanilla":
-            return embed, state
-        if self.head_type == "gated":
-            hidden_size = self.gate_proj.weight.shape[1] - self.rank
-            gate = torch.sigmoid(hidden_projection + F.linear(embed, self.gate_proj.weight[:, hidden_size:]))
-            return gate * embed, state
-        r = self.rank
-        inputs = torch.cat([state, embed], dim=-1)
-        z = torch.addmm(hidden_projection.reshape(-1, 3 * r), inputs.reshape(-1, 2 * r),
-                        self.joint_proj.weight[:, : 2 * r].T).view(*inputs.shape[:-1], 3 * r)
-        gate = torch.sigmoid(z[..., :r])
-        candidate, output = torch.tanh(z[..., r:]).split(r, dim=-1)
-        # g * s + (1 - g) * tanh(c), as one interpolation.
-        return output, torch.lerp(candidate, state, gate)
+        return self.form.step(self, self.markov_w1(prev_tokens), hidden_projection, state)
 
     def block_latents(self, prev_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         """Teacher-forced latents of whole blocks: ``prev_tokens [Nb, B]``, ``hidden [Nb, B, d]`` -> ``[Nb, B, r]``."""
         projection = self.hidden_projection(hidden.to(self.markov_w1.weight.dtype))
-        if self.head_type != "rnn":
+        if not self.form.recurrent:
             return self.step(prev_tokens, projection, None)[0]
         state = self.initial_state(hidden[:, 0])
         latents = []
@@ -436,7 +421,7 @@ class ParallelDrafter(nn.Module):
         hidden = blocks[supervised]
         rows = self.markov_rows(batch.block_prev[supervised])
         latents = rows
-        if self.markov_head is not None and self.markov_head.head_type != "vanilla":
+        if self.markov_head is not None and self.markov_head.form.reads_slot_states:
             # Gated and RNN latents read the slot states (RNN: of every earlier slot of the block too).
             latents = self.markov_latents(batch.block_prev, blocks)[supervised]
         conf = self.confidence_logits(hidden, rows) if self.confidence_head is not None else None
