@@ -37,6 +37,9 @@ CHECKED_FOLDERS = {"deepspec_train", "tests", "bench", "launch", "recipes", "doc
 # Markdown files that commands write (an eval table, a comparison, the quality report): named, never shipped.
 OUTPUT_PAGES = {"table1.md", "comparison.md", "quality.md"}
 # Words the docs write for "the name you choose" inside a path (`recipes/NAME.yaml`, `RUN/drafter`).
+# What a user's commands make (ignored by git): a path under them names an output, whether or not this checkout
+# happens to hold one.
+USER_OUTPUTS = {"runs", "artifacts", "exports"}
 PLACEHOLDERS = {"NAME", "RUN", "DIR", "OUT", "FILE", "PATH", "WORLD", "TW", "EXPORT", "RECIPE", "T", "P", "O"}
 RECIPE_LIKE = re.compile(r"(tiny|qwen3|llama|gemma|gpt-oss|deepseek|kimi)-[a-z0-9.-]*[a-z0-9](\.yaml)?")
 # Words after which a command names a recipe: bench/quality.py's --recipes, `deepspec recipes show|copy`, the
@@ -200,7 +203,7 @@ def path_problems(code: str, page: Path) -> list[str]:
                 continue
         elif not (Path(path).suffix in CHECKED_SUFFIXES or (first == "launch" and path.endswith(".json"))):
             continue
-        if "/" in path and not any((base / first).exists() for base in bases):
+        if first in USER_OUTPUTS or "/" in path and not any((base / first).exists() for base in bases):
             continue  # runs/, exports/, models/Qwen3-8B ...: what a user makes, not what the repository ships
         if not any((base / path).exists() for base in bases):
             problems.append(f"no such path {path}")
