@@ -49,6 +49,7 @@ def test_the_installed_wheel_finds_its_recipes_outside_the_checkout(tmp_path: Pa
     shipped = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("deepspec_train/shipped/")}
     assert "deepspec_train/shipped/recipes/tiny-dspark.yaml" in shipped
     assert "deepspec_train/shipped/launch/deepspeed/zero2.json" in shipped
+    assert "deepspec_train/shipped/prompts/LICENSE-gsm8k" in shipped
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)
@@ -68,6 +69,10 @@ def test_the_installed_wheel_finds_its_recipes_outside_the_checkout(tmp_path: Pa
     assert any(line.split()[:2] == ["qwen3-8b-eagle3", "eagle3"] for line in listing)
     shown = run([deepspec, "recipes", "show", "tiny-dspark"], work, env).stdout
     assert shown.splitlines()[0] == f"# {site / 'deepspec_train' / 'shipped' / 'recipes' / 'tiny-dspark.yaml'}"
+    # The built-in prompt set of the tutorial's laptop path comes from the package as well.
+    prompts = run([deepspec, "realworld", "prompts", "--source", "builtin:gsm8k-train", "--out",
+                   str(tmp_path / "prompts"), "--train", "4", "--validation", "0"], work, env).stdout
+    assert "4 train, 0 validation prompts" in prompts
     # The whole validation, the DeepSpeed config included: it must come from the package too.
     target = write_checkable_target(tmp_path / "target")
     rows = write_chat_rows(tmp_path / "train.jsonl")
