@@ -84,6 +84,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--eval-sequences", type=int, default=32, help="validation conversations per evaluation")
     p.add_argument("--probe-passes", type=int, default=3, help="timed passes per variant after one warm-up")
     p.add_argument("--reuse", action="store_true", help="keep trained runs and probes found in --out")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: report the evaluations the runs in --out logged so far (a run cut short)")
     return p.parse_args(argv)
 
 
@@ -164,6 +166,10 @@ class LeverCurve:
     def mean(self) -> list[float]:
         return [sum(v) / len(v) for v in zip(*self.per_seed)]
 
+    @property
+    def per_seed_last(self) -> list[float]:
+        return [seed[-1] for seed in self.per_seed]
+
     def at(self, passes: float) -> list[float]:
         """Per seed, E[L] interpolated linearly at ``passes`` (0 before the first evaluation, the last value
         after the last one)."""
@@ -198,10 +204,11 @@ def _cell(values: list[float]) -> str:
 
 
 def report(curves: dict[str, LeverCurve], seconds: dict[str, float], tokens: list[int], seeds: int) -> tuple[str, dict]:
-    """The table: E[L] at equal target tokens (every variant's budget) and at equal wall time (the reference's
-    budget), with each seed's ratio to the reference (seeds paired: same data order and seed)."""
+    """The table: E[L] at equal target tokens (the most passes every variant evaluated) and at equal wall time (the
+    time those passes take with the reference's settings), with each seed's ratio to the reference (seeds paired:
+    same data order and seed), and each variant's last evaluation."""
     reference = curves[REFERENCE]
-    budget_passes = reference.passes[-1]
+    budget_passes = min(curve.passes[-1] for curve in curves.values())
     wall = budget_passes * seconds[REFERENCE]
     rows, record = [], {}
     for name, curve in curves.items():
@@ -211,7 +218,8 @@ def report(curves: dict[str, LeverCurve], seconds: dict[str, float], tokens: lis
         ratio_wall = [a / b for a, b in zip(at_wall, reference.at(budget_passes))]
         gain = curve.last_quarter_gain()
         rows.append(f"| {name} | {seconds[name]:.1f} | {_cell(at_tokens)} | {_cell(ratio_tokens)} | "
-                    f"{_cell(at_wall)} | {_cell(ratio_wall)} | {gain:+.1%} ({'yes' if gain < CONVERGED_GAIN else 'no'}) |")
+                    f"{_cell(at_wall)} | {_cell(ratio_wall)} | {_cell(curve.per_seed_last)} after "
+                    f"{curve.passes[-1]} | {gain:+.1%} ({'yes' if gain < CONVERGED_GAIN else 'no'}) |")
         record[name] = {"seconds_per_pass": seconds[name], "passes": curve.passes, "per_seed": curve.per_seed,
                         "at_equal_tokens": at_tokens, "at_equal_wall": at_wall, "ratio_tokens": ratio_tokens,
                         "ratio_wall": ratio_wall, "last_quarter_gain": gain}
@@ -219,8 +227,8 @@ def report(curves: dict[str, LeverCurve], seconds: dict[str, float], tokens: lis
             f"and at the wall time those take with today's settings ({wall / 60:.1f} min); mean [lowest, highest] "
             f"over {seeds} training seed(s); ratios per seed against `{REFERENCE}` at its budget. Converged: the last "
             f"quarter of passes added less than {CONVERGED_GAIN:.0%}.", "",
-            "| variant | s / pass | E[L], equal tokens | / today | E[L], equal wall time | / today | last quarter "
-            "(converged) |", "|---|---|---|---|---|---|---|"]
+            "| variant | s / pass | E[L], equal tokens | / today | E[L], equal wall time | / today | last evaluation "
+            "(passes) | last quarter (converged) |", "|---|---|---|---|---|---|---|---|"]
     return "\n".join(head + rows), record
 
 
@@ -258,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     shared = shared_overrides(args, out)
     plan = plan_training([v.recipe for v in variants], args.seeds, shared, {}, out, 1, args.reuse)
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    trained = train_all(plan.commands, 1, out / "logs")
+    trained = {} if args.report_only else train_all(plan.commands, 1, out / "logs")
     plan.write_record()
     seconds = {v.name: probe_seconds_per_pass(v, shared, out, args.probe_passes, args.reuse) for v in variants}
     tokens = tokens_per_pass(args, out, args.passes)
@@ -266,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     table, record = report(curves, seconds, tokens, args.seeds)
     picture = plot(curves, seconds, tokens, out / "levers_curves.png")
     elapsed = time.time() - start
-    text = f"{table}\n\nTraining {sum(t['wall_s'] for t in trained.values()) / 60:.1f} min; {elapsed / 60:.1f} min in all.\n"
+    done = ("Reported with --report-only from the evaluations logged so far." if args.report_only else
+            f"Training {sum(t['wall_s'] for t in trained.values()) / 60:.1f} min.")
+    text = f"{table}\n\n{done} {elapsed / 60:.1f} min in all.\n"
     (out / "levers.md").write_text(text)
     (out / "levers.json").write_text(json.dumps({"variants": record, "tokens_per_pass": tokens,
                                                  "training": trained, "seconds": elapsed}, indent=1))
