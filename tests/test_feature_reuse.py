@@ -35,10 +35,11 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import InProcessFeatureSource
+from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 from deepspec_train.validation import load_recipe
 from tests.helpers.run_history import assert_same_training
 from tests.helpers.streaming_world import read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all
-from tests.test_preemption import PREEMPTED_EXIT_CODE, STEPS, assert_same_run, preempted_once, wait_for_steps
+from tests.helpers.preempted_runs import assert_same_run, preempted_once, wait_for_steps
 
 
 def _cfg(world: dict[str, str], out, **extra):
@@ -174,7 +175,7 @@ def test_a_streamed_run_stopped_in_the_middle_of_a_pass_resumes_exactly(streamin
 
 @pytest.mark.slow
 def test_sigterm_with_feature_reuse_resumes_to_the_uninterrupted_run(streaming_world, tmp_path) -> None:
-    streamed = {"train.max_steps": STEPS, "train.eval_every": 1000, "train.checkpoint_every": 1000,
+    streamed = {"train.max_steps": 24, "train.eval_every": 1000, "train.checkpoint_every": 1000,
                 "topology.target_workers": 1, "train.feature_reuse": 3}
     full, split = tmp_path / "full", tmp_path / "split"
     run_ranks(recipe_overrides(streaming_world, full, **streamed), 2, full / "logs", timeout=300)
@@ -184,10 +185,10 @@ def test_sigterm_with_feature_reuse_resumes_to_the_uninterrupted_run(streaming_w
     codes = wait_all(procs, 60)
     text = read_logs(split / "logs1", 2)
     assert codes == [PREEMPTED_EXIT_CODE] * 2, text
-    assert 4 <= preempted_once(split, text) < STEPS
+    assert 4 <= preempted_once(split, text) < 24
     run_ranks(recipe_overrides(streaming_world, split, **streamed, **{"train.resume": "auto"}), 2, split / "logs2",
               timeout=300)
-    assert_same_run(full, split)
+    assert_same_run(full, split, 24)
 
 
 @pytest.mark.slow

@@ -11,43 +11,22 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
+from tests.helpers.preempted_runs import assert_same_run, preempted_once, wait_for_steps
 from tests.helpers.streaming_world import (
-    REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all,
+    REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks, wait_all,
 )
 
 pytestmark = pytest.mark.slow
 
 STEPS = 24
 COMMON = {"train.max_steps": STEPS, "train.eval_every": 1000, "train.checkpoint_every": 1000}
-
-
-def wait_for_steps(out: Path, count: int, procs: list[subprocess.Popen], logs: str) -> None:
-    deadline = time.monotonic() + 240
-    while len(step_losses(out)) < count:
-        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), logs
-        time.sleep(0.05)
-
-
-def final_weights(out: Path) -> dict[str, torch.Tensor]:
-    return load_file(str(out / "drafter" / "drafter.safetensors"))
-
-
-def assert_same_run(full: Path, resumed: Path) -> None:
-    expected, got = step_losses(full), step_losses(resumed)
-    assert sorted(expected) == list(range(1, STEPS + 1)) and sorted(got) == sorted(expected)
-    assert [got[s] for s in sorted(got)] == [expected[s] for s in sorted(expected)], (expected, got)
-    a, b = final_weights(full), final_weights(resumed)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def torchrun(args: list[str], log: Path, worker_logs: Path) -> subprocess.Popen:
@@ -61,18 +40,6 @@ def torchrun(args: list[str], log: Path, worker_logs: Path) -> subprocess.Popen:
              "--redirects", "3", "--log-dir", str(worker_logs), "train.py", *args],
             cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT,
         )
-
-
-def preempted_once(out: Path, log_text: str) -> int:
-    """The step the run stopped after: checks its single checkpoint and the single log line."""
-    kept = list_checkpoints(out)
-    assert len(kept) == 1 and checkpoint_problem(kept[0]) is None, (kept, log_text)
-    step = int(kept[0].name.removeprefix("step_"))
-    lines = [line for line in log_text.splitlines() if "preempted by" in line]
-    assert len(lines) == 1 and f"stopped after step {step}," in lines[0], log_text
-    assert sorted(step_losses(out)) == list(range(1, step + 1)), log_text
-    assert not (out / "drafter").exists()
-    return step
 
 
 def test_sigterm_to_torchrun_of_two_colocated_ranks(streaming_world, tmp_path) -> None:
@@ -96,7 +63,7 @@ def test_sigterm_to_torchrun_of_two_colocated_ranks(streaming_world, tmp_path) -
     assert 3 <= step < STEPS and f'"step": {step}' in marker.read_text()
     resume = recipe_overrides(streaming_world, split, **COMMON, **{"train.resume": "auto"})
     run_ranks(resume, 2, split / "logs2", timeout=300)
-    assert_same_run(full, split)
+    assert_same_run(full, split, STEPS)
 
 
 def test_sigterm_to_the_target_worker_of_a_streamed_run(streaming_world, tmp_path) -> None:
@@ -114,7 +81,7 @@ def test_sigterm_to_the_target_worker_of_a_streamed_run(streaming_world, tmp_pat
     assert 3 <= step < STEPS
     resume = recipe_overrides(streaming_world, split, **streamed, **{"train.resume": "auto"})
     run_ranks(resume, 2, split / "logs2", timeout=300)
-    assert_same_run(full, split)
+    assert_same_run(full, split, STEPS)
 
 
 def test_a_second_signal_kills_at_once_and_leaves_only_whole_checkpoints(streaming_world, tmp_path) -> None:
