@@ -248,7 +248,7 @@ def plot(curves: dict[str, LeverCurve], seconds: dict[str, float], tokens: list[
         ax.set_xlabel(label)
         ax.set_ylabel("validation E[L]")
         ax.grid(alpha=0.3)
-    fig.axes[0].legend(loc="upper left", fontsize=8)
+    fig.axes[0].legend(loc="lower right", fontsize=8)
     seeds = len(next(iter(curves.values())).per_seed)
     fig.suptitle(f"DSpark on SmolLM2-135M-Instruct: validation E[L] by lever ({seeds} training seed(s), range shaded)")
     return save_png(fig, path)
