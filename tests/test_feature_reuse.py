@@ -9,15 +9,14 @@ from target layers (``drafter.init_from_target_layers``), against brute-force re
 - the target's layers land in the drafter tensor for tensor (read back from the HF model), EAGLE-3 takes what
   fits its one layer, and a layer the target lacks is refused in one line;
 - streamed features equal colocated ones with both levers on (per-step losses bit for bit), and a streamed run
-  stopped in the middle of a pass (``train.stop_at_step``) or by SIGTERM resumes to the uninterrupted run's losses
-  and weights;
+  stopped in the middle of a pass (``train.stop_at_step``) resumes to the uninterrupted run's losses (SIGTERM with
+  reuse: ``test_preemption``);
 - drafter groups with their own reuse each train as their recipe alone.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 
 import pytest
 import torch
@@ -35,11 +34,9 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import InProcessFeatureSource
-from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 from deepspec_train.validation import load_recipe
 from tests.helpers.run_history import assert_same_training
-from tests.helpers.streaming_world import read_logs, recipe_overrides, run_ranks, start_ranks, step_losses, wait_all
-from tests.helpers.preempted_runs import assert_same_run, preempted_once, wait_for_steps
+from tests.helpers.streaming_world import recipe_overrides, run_ranks, step_losses
 
 
 def _cfg(world: dict[str, str], out, **extra):
@@ -171,24 +168,6 @@ def test_a_streamed_run_stopped_in_the_middle_of_a_pass_resumes_exactly(streamin
     run_ranks(recipe_overrides(streaming_world, split, **common, **{"train.resume": "auto"}), 2, split / "logs2")
     expected, resumed = step_losses(full), step_losses(split)
     assert sorted(resumed) == list(range(1, 13)) and resumed == expected
-
-
-@pytest.mark.slow
-def test_sigterm_with_feature_reuse_resumes_to_the_uninterrupted_run(streaming_world, tmp_path) -> None:
-    streamed = {"train.max_steps": 24, "train.eval_every": 1000, "train.checkpoint_every": 1000,
-                "topology.target_workers": 1, "train.feature_reuse": 3}
-    full, split = tmp_path / "full", tmp_path / "split"
-    run_ranks(recipe_overrides(streaming_world, full, **streamed), 2, full / "logs", timeout=300)
-    procs = start_ranks(["train.py", *recipe_overrides(streaming_world, split, **streamed)], 2, split / "logs1")
-    wait_for_steps(split, 4, procs, "the streamed run did not reach step 4")
-    procs[0].send_signal(signal.SIGTERM)
-    codes = wait_all(procs, 60)
-    text = read_logs(split / "logs1", 2)
-    assert codes == [PREEMPTED_EXIT_CODE] * 2, text
-    assert 4 <= preempted_once(split, text) < 24
-    run_ranks(recipe_overrides(streaming_world, split, **streamed, **{"train.resume": "auto"}), 2, split / "logs2",
-              timeout=300)
-    assert_same_run(full, split, 24)
 
 
 @pytest.mark.slow
