@@ -6,7 +6,7 @@ spans) and reports each name the code does not have: verbs and flags against the
 recipe keys against the schema dataclasses, recipe names against `recipes/*.yaml`, and repository paths against
 the working tree. docs/contributors/ (the project's history) is held to the path check only: its commands are
 dated records of what ran then. A self-check plants one wrong name of each sort, so the scan cannot pass by
-finding nothing; and the generated reference pages must equal what ``deepspec_train.docs_reference`` renders now.
+finding nothing; and the generated reference pages must equal what ``tools.docs_reference`` renders now.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import typing
 from functools import lru_cache
 from pathlib import Path
 
-from deepspec_train import docs_reference
+from tools import docs_reference
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.cli import VERBS
 from deepspec_train.jobs.entry import DRY_RUN, HELP_OPTIONS
@@ -262,4 +262,4 @@ def test_the_scan_reports_a_planted_wrong_name_of_every_sort() -> None:
 
 def test_the_generated_reference_pages_are_up_to_date() -> None:
     for path, text in docs_reference.generated_pages().items():
-        assert (REPO / path).read_text() == text, f"{path} is stale: run python -m deepspec_train.docs_reference"
+        assert (REPO / path).read_text() == text, f"{path} is stale: run python -m tools.docs_reference"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train import docs_reference
+from tools import docs_reference
 from deepspec_train.config.loader import load_recipe_section
 from deepspec_train.regenerate.settings import RegenerateConfig
 from deepspec_train.evaluation.suites import read_suite_file
