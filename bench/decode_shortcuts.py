@@ -10,7 +10,7 @@ step, at the tiny world's shapes (one torch thread, the products timed alone).
   depends on the token, so a ``[V, q + k + v]`` table could replace it, leaving the hidden half.
 
 Both shortcuts are exact (the same sums in another order); the benchmark shows whether adopting them would change
-the drafters' draft-time comparison (docs/drafter_quality.md).
+the drafters' draft-time comparison (docs/explanation/drafter_quality.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Serving cost of a drafter at the widths it is served at, and the speedup it buys, modeled on named GPUs.
 
-    python -m deepspec_train.serving_cost                    # the tables of docs/drafter_quality.md
+    python -m deepspec_train.serving_cost                    # the tables of docs/explanation/drafter_quality.md
     python -m deepspec_train.serving_cost --context 4096 --draft-topk 64
 
 Per verification round, the drafter's kind lists its sequential kernel groups with the bytes each reads and

@@ -214,7 +214,7 @@ def test_rows_that_cannot_fill_a_step_are_refused_naming_source_reason_and_line(
 
 
 def test_the_data_page_shows_every_shape_with_its_example() -> None:
-    page = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    page = (Path(__file__).resolve().parents[1] / "docs" / "howto" / "data.md").read_text()
     for shape in SHAPES.values():
         # Pipes are escaped inside the page's table.
         assert f"| `{shape.name}` | `{shape.example_line().replace('|', chr(92) + '|')}`" in page, shape.name

@@ -89,9 +89,9 @@ def test_tensor_parallel_splits_follow_each_family_plan() -> None:
 
 
 def test_special_ids_are_the_published_tokenizers() -> None:
-    """The ids checked against public sources (docs/target_families.md names each): Llama 3 (Meta's llama-models
-    tokenizer), Gemma 3 (google-deepmind/gemma's special tokens), GPT-OSS (tiktoken's o200k_harmony), DeepSeek-V3
-    (its GGUF tokenizer metadata), Kimi-K2 (its tokenization_kimi.py named tokens)."""
+    """The ids checked against public sources (docs/reference/target_families.md names each): Llama 3 (Meta's
+    llama-models tokenizer), Gemma 3 (google-deepmind/gemma's special tokens), GPT-OSS (tiktoken's o200k_harmony),
+    DeepSeek-V3 (its GGUF tokenizer metadata), Kimi-K2 (its tokenization_kimi.py named tokens)."""
     c = family_reference_configs()
     llama = c["Llama-3.1-8B-Instruct"]
     assert (llama.bos_token_id, llama.eos_token_id, LLAMA3.mask_token_id) == (128000, [128001, 128008, 128009], 128002)

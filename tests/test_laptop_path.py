@@ -1,5 +1,5 @@
-"""The tutorial's laptop path (docs/tutorial.md, part 1) stays runnable as written: its commands parse with the
-parsers `deepspec` builds, each reads what the one before it writes, the laptop recipe validates against
+"""The tutorial's laptop path (docs/tutorial/laptop_to_gpu.md, part 1) stays runnable as written: its commands parse
+with the parsers `deepspec` builds, each reads what the one before it writes, the laptop recipe validates against
 SmolLM2's config and tokenizer and fits every shipped prompt with a full-length answer, and the shipped prompt set
 (``builtin:gsm8k-train``) loads, splits into disjoint parts the evaluator reads, and shares no prompt with the
 benchmark suites (GSM8K test, HumanEval; their fingerprints are kept in tests/data). Fast: nothing is trained.
@@ -24,7 +24,7 @@ from deepspec_train.validation import load_recipe
 from tests.helpers.real_world import real_config_target  # noqa: F401 (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]
-TUTORIAL = REPO / "docs" / "tutorial.md"
+TUTORIAL = REPO / "docs" / "tutorial" / "laptop_to_gpu.md"
 FINGERPRINTS = Path(__file__).parent / "data" / "benchmark_prompt_fingerprints.txt"
 LAPTOP_RECIPE = "smollm2-135m-laptop"
 # GSM8K's test split and HumanEval, as published.

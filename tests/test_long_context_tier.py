@@ -22,7 +22,7 @@ Default run (length at its production value with minimal width, heads and depth)
 Every run is ``qwen3-8b-32k`` / ``qwen3-8b-eagle3-32k`` changed only in paths, sizes and steps (``data.max_length``,
 one sequence a step, the anchor rule scaled down) and, on the 4-layer copies, the taps. Every run keeps
 ``drafter.activation_checkpointing`` on, as the recipes do. The cost is the target's causal attention, heads x
-L^2 / 2 scores per layer (``tests/helpers/long_context_world.py``); docs/testing.md has the times.
+L^2 / 2 scores per layer (``tests/helpers/long_context_world.py``); docs/contributors/testing.md has the times.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class DataConfig:
     supervise_reasoning: bool = True
     # Worker processes for tokenisation (0 = in-process).
     num_workers: int = 0
-    # The row shape of every source (``docs/data.md``), and the fields it reads where a data set renames them.
+    # The row shape of every source (``docs/howto/data.md``), and the fields it reads where a data set renames them.
     format: RowFormatName = "auto"
     fields: FieldNames = field(default_factory=FieldNames)
     # A chat template for a target whose tokenizer has none (a base model): a built-in name ("chatml") or a Jinja
@@ -142,8 +142,8 @@ class DrafterConfig:
     # Recompute activations in backward instead of keeping them (``models.activation_checkpointing``): each
     # DSpark / DFlash backbone layer, each EAGLE-3 TTT step and the context projection (``fc`` in row chunks) keep
     # only their inputs. Same losses and gradients, less memory at long context for one more forward (the long
-    # context recipes turn it on; numbers in docs/benchmarks.md). Not part of the run identity: a run may resume
-    # with it switched.
+    # context recipes turn it on; numbers in docs/reference/benchmarks.md). Not part of the run identity: a run may
+    # resume with it switched.
     activation_checkpointing: bool = False
     # torch.compile each drafter block (backbone layer, EAGLE-3 decoder layer). None: on with CUDA, off on CPU.
     # Not part of the run identity: the same weights train either way.

@@ -1,7 +1,7 @@
 """The row shapes a data source may hold, one record each, and how a row of each becomes training content.
 
 A shape names the fields it reads (``fields``, each renameable with ``data.fields``), gives a one-line example
-(shown in errors, in ``deepspec data check`` and in ``docs/data.md``), turns a row into content (``read``) and
+(shown in errors, in ``deepspec data check`` and in ``docs/howto/data.md``), turns a row into content (``read``) and
 says how that content is supervised (``supervision``: assistant turns rendered with a chat template, every token
 of plain text, or the assistant spans of pre-rendered chat text).
 

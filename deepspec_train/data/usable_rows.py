@@ -68,5 +68,5 @@ def _diagnosis(shown: list[SourceSummary], every: list[SourceSummary]) -> str:
         settings = dict.fromkeys(("data.format", "data.fields"))
     return (
         "; ".join(describe_source(source) for source in shown)
-        + f"; row shapes accepted: {accepted_shapes()}; change {', '.join(settings)} (docs/data.md)"
+        + f"; row shapes accepted: {accepted_shapes()}; change {', '.join(settings)} (docs/howto/data.md)"
     )

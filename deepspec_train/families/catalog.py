@@ -13,9 +13,9 @@ Engine facts (``EngineSupport``) were read in vLLM 0.33.0 and SGLang 0.5.23 as p
   differs: ``+ 1`` for Qwen3 / Qwen2 / Llama / Gemma 3; for DeepSeek-V2/V3 ``+ 1`` only when the first id is 1;
   for GPT-OSS ``+ 1`` unless an id already equals the layer count.
 
-Special ids were checked against the tokenizers' own code and metadata (docs/target_families.md names the sources):
-Llama 3's in Meta's ``llama-models`` tokenizer, Gemma 3's in ``google-deepmind/gemma``, GPT-OSS's in tiktoken's
-``o200k_harmony``, DeepSeek-V3's in its GGUF tokenizer metadata (control tokens end at 128814, 129,280 rows),
+Special ids were checked against the tokenizers' own code and metadata (docs/reference/target_families.md names the
+sources): Llama 3's in Meta's ``llama-models`` tokenizer, Gemma 3's in ``google-deepmind/gemma``, GPT-OSS's in
+tiktoken's ``o200k_harmony``, DeepSeek-V3's in its GGUF tokenizer metadata (control tokens end at 128814, 129,280 rows),
 Kimi-K2's in its ``tokenization_kimi.py`` named tokens (163589 is one of the reserved slots).
 """
 

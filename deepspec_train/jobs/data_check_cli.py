@@ -148,7 +148,7 @@ def format_report(report: dict) -> str:
     """The report for people: one paragraph per source, the totals, the lengths and the example."""
     lines = []
     for source in report["sources"]:
-        verdict = "a run would refuse it (see docs/data.md)" if source["refused_by_a_run"] else "usable"
+        verdict = "a run would refuse it (see docs/howto/data.md)" if source["refused_by_a_run"] else "usable"
         lines.append(f"{source['summary']}; {source['tokens']} tokens, {source['supervised_tokens']} supervised; "
                      f"{verdict}")
     lengths = report["lengths"]

@@ -95,7 +95,7 @@ def check_data(cfg: RecipeConfig, checks: Preflight, shapeless_stops: bool = Tru
                 if shapeless_stops:
                     checks.add(STOPS, f"{setting} {source}: none of its first {DETECTION_ROWS} rows has a row shape "
                                       f"this project reads; row shapes accepted: {accepted_shapes()}; change "
-                                      "data.format, data.fields (docs/data.md)")
+                                      "data.format, data.fields (docs/howto/data.md)")
             else:
                 how = "detected" if shaped.detected else "data.format"
                 checks.add(OK, f"{setting} {source}: readable, {shaped.shape.name} rows ({how})")

@@ -9,7 +9,7 @@
 SHA-256) and checks the copy's greedy answers against the GGUF model's; ``prompts`` splits a local JSONL source
 (or a prompt set shipped with the package, ``builtin:NAME``) into train and validation prompt sets for
 ``deepspec regenerate --backend local``, and with ``--suite N`` a held-out suite for ``deepspec eval``
-(docs/howto/real_model.md; docs/tutorial.md for the laptop path).
+(docs/howto/real_model.md; docs/tutorial/laptop_to_gpu.md for the laptop path).
 """
 
 from __future__ import annotations

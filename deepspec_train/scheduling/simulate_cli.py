@@ -8,7 +8,7 @@ Writes ``DIR/simulation.json`` (every run and the scheduler's gains over the bes
 ``DIR/frontier.png``, and prints a table. With ``--calibration``, the scheduler runs twice, on uncalibrated
 (``sigmoid(z)``) and calibrated (``sigmoid(z / T)``) confidences recomputed from the traces' confidence logits;
 without it, on the confidences the traces recorded; ``--oracle`` adds confidences that know the outcome (an
-upper bound, not a policy a server can run). How to read the output: ``docs/scheduler.md``.
+upper bound, not a policy a server can run). How to read the output: ``docs/explanation/scheduler.md``.
 """
 
 from __future__ import annotations

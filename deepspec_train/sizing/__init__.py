@@ -1,7 +1,7 @@
 """Sizing arithmetic for a production run: stream payload, FLOPs and memory per worker, and the split of a
 cluster's GPUs into tensor-parallel target groups and drafter workers.
 
-Used by ``docs/train_qwen3_8b.md`` (its sizing tables are printed by ``python -m deepspec_train.sizing``,
+Used by ``docs/howto/train_qwen3_8b.md`` (its sizing tables are printed by ``python -m deepspec_train.sizing``,
 ``sizing/__main__.py``) and by ``tests/test_production_recipes.py``; the accounting of drafter groups is in
 ``sizing/groups.py``. Everything is computed for a *nominal packing*: ``num_sequences``
 sequences of ``seq_len`` tokens, fully supervised, each with ``anchors`` anchors spread evenly over the valid

@@ -15,14 +15,15 @@
 # beat one two-thread process on these tiny models). Decoding runs one one-thread worker per core. Each drafter's
 # run directory is RUNS/groups/RECIPE-seedS.
 # Time budget (35 minutes on the 2-core machine): from a fresh clone the defaults (2 training seeds, 3 sampling
-# seeds) took 30 min 17 s on 2026-12-07 (docs/benchmarks.md): environment 1 min, tiny world 2.5, training the ten
-# drafters in two grouped commands ({DSpark, DFlash, EAGLE-3} and {DSpark vanilla, DFlash2} x 2 seeds:
-# bench/quality.py splits the recipes round robin, each command sharing one target pass) 17.4, decoding 9, the
-# rest under 1. Two training seeds make the report's intervals cover training variance (a two-level bootstrap over
-# training seeds and prompts); one seed (TRAINING_SEEDS=1 SEEDS=6: 21 min 40 s) gives intervals over prompts only,
+# seeds) took 30 min 17 s on 2026-12-07 (docs/reference/benchmarks.md): environment 1 min, tiny world 2.5, training the
+# ten drafters in two grouped commands ({DSpark, DFlash, EAGLE-3} and {DSpark vanilla, DFlash2} x 2 seeds:
+# bench/quality.py splits the recipes round robin, each command sharing one target pass) 17.4, decoding 9, the rest
+# under 1. Two training seeds make the report's intervals cover training variance (a two-level bootstrap over training
+# seeds and prompts); one seed (TRAINING_SEEDS=1 SEEDS=6: 21 min 40 s) gives intervals over prompts only,
 # which missed a 1.207 -> 1.133 change of DSpark / EAGLE-3 between two trainings. TRAINING_SEEDS=3 is for a
 # longer run or a faster machine. On cores shared with other jobs the tiny world takes longer, not less (18 min at a
-# load of 6-8): it trains every step of its preset, so it is the same world on a busy machine (docs/benchmarks.md).
+# load of 6-8): it trains every step of its preset, so it is the same world on a busy machine
+# (docs/reference/benchmarks.md).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash launch/quickstart/setup_env.sh

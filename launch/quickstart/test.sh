@@ -3,8 +3,8 @@
 # scale-model and long-context tiers at minimal cost) and the Slurm tier, which runs only when `-m slurm` asks for
 # it because it installs Slurm with apt-get when run as root. The Slurm tier mostly waits on apt and on Slurm's
 # scheduler, so it runs beside the default run (its output follows the default run's); the script fails if either
-# does. `--full` as the first argument also runs the full tier after them (`-m full`: the cross product of
-# production dimensions, docs/testing.md says when a change calls for it). Other arguments go to the default run.
+# does. `--full` as the first argument also runs the full tier after them (`-m full`: the cross product of production
+# dimensions, docs/contributors/testing.md says when a change calls for it). Other arguments go to the default run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 full=0

@@ -2,8 +2,8 @@
 `slurm` tier, because it changes the machine (it installs Slurm with apt-get when run as root and starts daemons),
 so a plain ``pytest`` never does it behind one's back; and the `full` tier, the cross product of production
 dimensions (every production recipe and family streamed, the 36-layer copy at 8K, 32 heads at 32K) whose every
-property a default-run test already guards at minimal cost (docs/testing.md), so it runs when a change touches
-the paths that call for it."""
+property a default-run test already guards at minimal cost (docs/contributors/testing.md), so it runs when a change
+touches the paths that call for it."""
 
 from __future__ import annotations
 
