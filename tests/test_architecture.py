@@ -1,13 +1,12 @@
-"""Structural rules of the package, checked on its source: imports go one way between modules and between
-packages (no module or package imports itself back through others; function-level and type-checking imports
-count), and down the rows of the package map that ``docs/architecture.md`` draws (the page is the layer table: a
-package or module imports only its own row and the rows under it, and every one of them is drawn); decisions on
-the drafter kind go through the kind registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches on
-any registered kind and ``isinstance`` tests on drafter classes scattered over the code, decisions on the serving
-layout go through the layout records instead of ``layout == ...`` switches, decisions on the Markov head's form
-go through its records (``models/markov_forms.py``); the recipe schema's enumerations agree with the registries,
-and no function of the package or of ``bench/`` takes more than eight parameters (related ones travel as one
-record)."""
+"""Structural rules of the package, checked on its source: imports go one way between modules and between packages (no
+module or package imports itself back through others; function-level and type-checking imports count), and down the rows
+of the package map that ``docs/contributors/architecture.md`` draws (the page is the layer table: a package or module
+imports only its own row and the rows under it, and every one of them is drawn); decisions on the drafter kind go
+through the kind registry (``deepspec_train/kinds``) instead of ``kind == ...`` switches on any registered kind and
+``isinstance`` tests on drafter classes scattered over the code, decisions on the serving layout go through the layout
+records instead of ``layout == ...`` switches, decisions on the Markov head's form go through its records
+(``models/markov_forms.py``); the recipe schema's enumerations agree with the registries, and no function of the package
+or of ``bench/`` takes more than eight parameters (related ones travel as one record)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,7 @@ from deepspec_train.models.markov_forms import MARKOV_FORMS
 PACKAGE = Path(__file__).resolve().parents[1] / "deepspec_train"
 BENCH = PACKAGE.parent / "bench"
 MAX_PARAMETERS = 8
-ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "architecture.md"
+ARCHITECTURE_PAGE = PACKAGE.parent / "docs" / "contributors" / "architecture.md"
 # Every registered kind: a switch on a kind added later is caught as soon as its record is registered.
 KIND_NAMES = set(KINDS)
 DRAFTER_CLASSES = {"ParallelDrafter", "Eagle3Drafter", "DFlash2Drafter"}
