@@ -1,4 +1,4 @@
-"""Drafter groups (``jobs.drafter_groups``, ``jobs.grouped_colocated``): one colocated run trains several drafters
+"""Drafter groups (``jobs.drafter_groups``, ``jobs.colocated``): one colocated run trains several drafters
 over one target pass, each bit for bit as its recipe trained alone with the same ``run.seed`` and
 ``run.data_seed`` (per-step losses, validation metrics, final weights), on the `test`-preset tiny world.
 

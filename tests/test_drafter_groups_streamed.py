@@ -1,4 +1,4 @@
-"""Streamed drafter groups (``jobs.grouped_streamed``): one target worker feeds a DSpark and an EAGLE-3 group,
+"""Streamed drafter groups (``jobs.streamed``): one target worker feeds a DSpark and an EAGLE-3 group,
 one drafter rank each, launched as plain ranks the way ``srun`` starts them (``tests/helpers/streaming_world.py``).
 
 Each group's per-step losses, validation metrics and final weights equal, bit for bit, its recipe trained alone

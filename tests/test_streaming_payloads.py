@@ -45,7 +45,7 @@ def _dump(batches: list[PackedBatch], out: Path, name: str) -> None:
 def _worker(world_file: str, out: str, targets: int, tp: int) -> None:
     """One rank of a payload-dumping world (run as ``python -m tests.test_streaming_payloads``)."""
     from deepspec_train.streaming.roles import Topology
-    from deepspec_train.jobs.streamed import run_target_role
+    from deepspec_train.jobs.streamed import serve_drafter_groups
     from deepspec_train.streaming.streamed_source import StreamedFeatureSource
     from deepspec_train.training.distributed import init_distributed, new_groups, role_context, shutdown
 
@@ -57,7 +57,7 @@ def _worker(world_file: str, out: str, targets: int, tp: int) -> None:
     if tp > 1:
         group = new_groups([topology.group_ranks(g) for g in range(topology.num_targets)], cfg.stream.timeout_s)
     if topology.role_of(world.rank) == "target":
-        run_target_role(cfg, ctx, world.rank, topology, group)
+        serve_drafter_groups([cfg], ctx, world.rank, topology, group)
     else:
         source = StreamedFeatureSource(topology, ctx, cfg.stream.timeout_s)
         for step, step_batches in enumerate(source):

@@ -8,8 +8,8 @@
   (``chunk_builder``), made the same way by a colocated rank for itself and by a target worker for each drafter
   it feeds, so both modes see the same batches;
 - the end of every job: ``start_job`` (metrics sink -> trainer), then ``train_and_finish`` (fit -> trained-drafter
-  files -> summary), run by the colocated ranks and by the drafter workers alike; a run that steps several
-  trainers in turn (``jobs.grouped_colocated``) takes ``start_job`` alone.
+  files -> summary), run by the drafter workers; the colocated job, which steps its groups' trainers in turn
+  (``jobs.colocated``), takes ``start_job`` alone and finishes each with ``TrainingJob.finish``.
 
 Order matters for failing fast: the output directory and resolved config come first (``jobs.run``), then data
 (tokenised and cached), then the target and the drafter, then the loop.

@@ -20,11 +20,12 @@ What the groups share, and what each keeps:
   (``run.output_dir`` of the first recipe after the overrides), its W&B run is named after the group and joins
   one W&B group for the comparison (``logging.wandb_group`` of the first recipe, or ``<run.name>-groups``).
 
-The colocated job (``jobs.grouped_colocated``) trains them with ``topology.target_workers = 0``; with ``T > 0``
-target workers the streamed job (``jobs.grouped_streamed``) does: the launch's drafter ranks split evenly into
-the groups, in the order listed, ``D = (WORLD_SIZE - T) / N`` each (``group_world_size``: every group is checked
-as a streamed run of ``T + D`` processes), and the target workers feed every group from one forward per
-micro-batch.
+A plain run of one recipe is a group of one (``plain_run``) that nothing names: its messages and files are a
+run's (no ``group <label>:`` prefix, no ``groups.json``). ``jobs.run`` sets up every job, plain or grouped; the
+colocated job (``jobs.colocated``) trains the groups with ``topology.target_workers = 0``; with ``T > 0`` target
+workers the streamed job (``jobs.streamed``) does: the launch's drafter ranks split evenly into the groups, in the
+order listed, ``D = (WORLD_SIZE - T) / N`` each (``group_world_size``: every group is checked as a streamed run of
+``T + D`` processes), and the target workers feed every group from one forward per micro-batch.
 """
 
 from __future__ import annotations
@@ -73,23 +74,39 @@ class GroupCommand:
 
 @dataclass(frozen=True)
 class DrafterGroup:
-    """One group: its label (``<recipe>-seed<seed>``), the recipe it comes from and its validated config."""
+    """One group: its label (``<recipe>-seed<seed>``), the recipe it comes from and its validated config;
+    ``alone``: the group of one of a plain run (label and recipe: its ``run.name``), which nothing names."""
 
     label: str
     recipe: str
     cfg: RecipeConfig
+    alone: bool = False
 
     @property
     def out_dir(self) -> Path:
         return Path(self.cfg.run.output_dir)
 
+    def moved_aside(self, moved: Path) -> str:
+        """The warning that ``run.overwrite=true`` moved the previous run in this group's directory to ``moved``."""
+        if self.alone:
+            return f"run.overwrite=true: the previous run in {self.out_dir} was moved to {moved}"
+        return f"group {self.label}: run.overwrite=true: the previous run was moved to {moved}"
+
+
+def plain_run(cfg: RecipeConfig) -> DrafterGroup:
+    """The group of one that a plain run of ``cfg`` trains as."""
+    return DrafterGroup(cfg.run.name, cfg.run.name, cfg, alone=True)
+
 
 @contextmanager
 def naming_errors(group: DrafterGroup) -> Iterator[None]:
-    """A user error met while assembling or stepping ``group`` names the group in its one line."""
+    """A user error met while assembling or stepping ``group`` names the group in its one line (a plain run's
+    error is its own, unchanged)."""
     try:
         yield
     except UserError as exc:
+        if group.alone:
+            raise
         raise UserError(f"group {group.label}: {exc}") from None
 
 

@@ -80,7 +80,7 @@ overrides (e.g. train.lr=3e-4 drafter.num_layers=3). Every value is checked befo
               the resolved config (YAML) and what was found, train nothing; exit 0 only if a run would start
   -h, --help  print this help
 
-Drafter groups, several drafters over one target pass (docs/training.md, "Drafter groups"):
+Drafter groups, several drafters over one target pass (docs/reference/training.md, "Drafter groups"):
   train.py recipe=NAME compare=[NAME,...] seeds=N [dotted.key=value ...] [NAME:dotted.key=value ...]
 
 recipes (`deepspec recipes list` describes each):
@@ -88,7 +88,7 @@ recipes (`deepspec recipes list` describes each):
 looked up, in this order, in:{where}
 
 recipe keys: docs/reference/recipe_keys.md (each key's type, default and rules); `deepspec recipes show
-NAME` prints a recipe with every key filled in; docs/training.md explains the checks and what a run writes."""
+NAME` prints a recipe with every key filled in; docs/reference/training.md explains the checks and what a run writes."""
 
 
 def main(argv: list[str]) -> int:
@@ -159,7 +159,7 @@ def _train_groups(argv: list[str], dry_run: bool) -> int:
         return 0
     _refuse_if_stopped(checks, dry_run=False)
     prepare_directories(groups, dry_run=False)
-    from deepspec_train.jobs.grouped_colocated import run_drafter_groups
+    from deepspec_train.jobs.run import run_drafter_groups
 
     return _until_preempted(lambda: run_drafter_groups(groups))
 

@@ -1,5 +1,5 @@
-"""The streamed job (``topology.target_workers = T > 0``), per role: target groups compute and send features,
-drafter workers train on them.
+"""The streamed job (``topology.target_workers = T > 0``) of one or more drafter groups (``jobs.drafter_groups``; a
+plain run is a group of one), per role: target groups compute and send features, drafter workers train on them.
 
 Ranks ``< T`` are target ranks, in groups of ``topology.target_tp`` (``streaming.roles``): each group loads the
 data and one replica of the target (the whole target on one rank, or one tensor-parallel shard per rank,
@@ -7,7 +7,21 @@ data and one replica of the target (the whole target on one rank, or one tensor-
 from the same ``jobs.assembly`` step plans and chunk builder a colocated rank with that drafter's index would use.
 The other ranks are drafter workers: they read only the target's config, embedding and LM-head weights (never
 its decoder layers, never the data), receive features (``StreamedFeatureSource``) and finish like a colocated
-job (``train_and_finish``), with gradients synchronised over the drafter ranks only.
+job (``train_and_finish``), with gradients synchronised over the drafter ranks of their group only.
+
+The drafter ranks split evenly into the groups, in the order the groups are listed (``groups.json``): with ``N``
+groups on ``W`` processes, group ``k`` is the ``D = (W - T) / N`` ranks ``T + k*D .. T + (k+1)*D - 1``, routed to
+the target groups as a single streamed run of ``D`` drafters is. With several groups a target group taps the union
+of their layers through one ``target.shared_pass.SharedTargetPass`` and streams each drafter the micro-batches its
+group's recipe builds, cut to its layers (``serve_drafter_groups``). A drafter rank trains with its group's
+config, run directory and process group (gradients, metrics and checkpoints never involve another group), so its
+features, losses and weights are those of its recipe streamed alone with ``D`` drafter ranks.
+
+A group with fewer steps stops receiving after its last step and its drafters finish (drafter files, W&B run)
+while the others go on. On a preemption signal each group stops after its own step, checkpoints and tells the
+target workers, which drop what they would still send it and leave once every group has stopped
+(``training.preemption``). A user error on a drafter rank names its group and ends every rank
+(``training.all_ranks_end``).
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ from deepspec_train.jobs.assembly import (
     chunk_builder, load_token_datasets, pass_replay, start_job, total_steps_for, train_and_finish, train_plan,
     validation_plan,
 )
+from deepspec_train.jobs.drafter_groups import DrafterGroup, naming_errors
 from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.jobs.target_init import initialise_from_target
 from deepspec_train.kinds.registry import kind_spec
@@ -50,14 +65,23 @@ from deepspec_train.training.trainer import TrainSummary
 log = get_logger("deepspec_train.streaming")
 
 
-def run_streamed(cfg: RecipeConfig, world: DistContext, out_dir: Path) -> Optional[TrainSummary]:
-    """Run this rank's role; returns the summary on drafter workers (None on target ranks)."""
-    topology = streamed_topology(cfg, world)
-    return run_roles(
-        cfg, world, topology,
-        lambda ctx, tp_group: run_target_role(cfg, ctx, world.rank, topology, tp_group),
-        lambda ctx: run_drafter_role(cfg, ctx, topology, out_dir),
+def train_streamed(groups: list[DrafterGroup], world: DistContext) -> dict[str, TrainSummary]:
+    """This rank's role in a streamed run of ``groups``; returns its group's summary by label on drafter ranks
+    (nothing on target ranks)."""
+    topology = streamed_topology(groups[0].cfg, world, len(groups))
+    cfgs = [group.cfg for group in groups]
+    mine = groups[topology.drafter_group_of(world.rank)] if topology.role_of(world.rank) == "drafter" else None
+
+    def train_mine(ctx: DistContext) -> TrainSummary:
+        with naming_errors(mine):
+            return run_drafter_role(mine.cfg, ctx, topology, mine.out_dir)
+
+    summary = run_roles(
+        groups[0].cfg, world, topology,
+        lambda ctx, tp_group: serve_drafter_groups(cfgs, ctx, world.rank, topology, tp_group),
+        train_mine,
     )
+    return {} if summary is None or mine is None else {mine.label: summary}
 
 
 def streamed_topology(cfg: RecipeConfig, world: DistContext, drafter_groups: int = 1) -> Topology:
@@ -137,21 +161,15 @@ def _leave_with_the_drafters(monitor: PeerMonitor, rank: int) -> None:
     os._exit(PREEMPTED_EXIT_CODE)
 
 
-def run_target_role(
-    cfg: RecipeConfig, ctx: DistContext, rank: int, topology: Topology, tp_group: Optional[dist.ProcessGroup] = None
-) -> None:
-    """One target rank: load the data and the target (its shard in a tensor-parallel group ``tp_group``), then
-    compute every served drafter's micro-batches; the group's first rank sends them."""
-    serve_drafter_groups([cfg], ctx, rank, topology, tp_group)
-
-
 def serve_drafter_groups(
     cfgs: list[RecipeConfig], ctx: DistContext, rank: int, topology: Topology,
     tp_group: Optional[dist.ProcessGroup] = None,
 ) -> None:
-    """``run_target_role`` for one drafter group per config (``cfgs[k]`` is drafter group ``k``'s recipe; they
-    share the target and data sections, ``jobs.drafter_groups``): one target forward serves every group, tapped at
-    the union of their layers, and each group gets the features its recipe reads."""
+    """One target rank serving one drafter group per config (``cfgs[k]`` is drafter group ``k``'s recipe; they
+    share the target and data sections, ``jobs.drafter_groups``): load the data and the target (its shard in a
+    tensor-parallel group ``tp_group``), then compute every served drafter's micro-batches, the group's first rank
+    sending them. One target forward serves every group, tapped at the union of their layers, and each group gets
+    the features its recipe reads."""
     cfg = cfgs[0]
     group = topology.group_of(rank)
     sends = rank == topology.target_rank(group)

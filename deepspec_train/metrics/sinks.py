@@ -124,7 +124,7 @@ class WandbSink(MetricsSink):
             group=group,
             tags=list(tags),
             job_type=job_type,
-            # Drafter groups (``jobs.grouped_colocated``) keep one W&B run per group open in one process; the
+            # Drafter groups (``jobs.colocated``) keep one W&B run per group open in one process; the
             # default would hand every later group the first group's run.
             reinit="create_new",
         )

@@ -229,7 +229,7 @@ class DrafterTrainer:
                 return done.value
 
     def save_now(self) -> Path:
-        """Checkpoint the step just trained: a grouped run (``jobs.grouped_colocated``) stops every group after the
+        """Checkpoint the step just trained: a colocated group run (``jobs.colocated``) stops every group after the
         step at which one of them was preempted, the ones that had already trained it included."""
         return save_checkpoint(
             self.ctx, self.cfg.run.output_dir, self.step, self.engine.train_state(), self.scheduler,
