@@ -51,15 +51,13 @@ from bench.group_training import TrainingPlan, train_all  # noqa: E402
 from bench.realworld import (  # noqa: E402
     check_exactness, modeled_factors, prepare_suites, tables_at, trained_drafters, training_plan, validation_curves,
 )
-from bench.validation_curve import Curve, curves_table, plot_curves  # noqa: E402
+from bench.validation_curve import curves_table, plot_curves  # noqa: E402
 from deepspec_train.evaluation.drafter_comparison import DecodeSettings, decode_interleaved  # noqa: E402
 from deepspec_train.jobs.cli import main as deepspec  # noqa: E402
 
 KINDS = ("smollm2-135m-dspark", "smollm2-135m-dflash", "smollm2-135m-dflash2", "smollm2-135m-eagle3")
 PARALLEL = KINDS[:3]
 EAGLE3 = KINDS[3]
-# The issue's convergence rule: the last quarter of training added less than this share of the final E[L].
-CONVERGED_GAIN = 0.05
 TEMPERATURES = (1.0, 0.0)
 
 
@@ -116,7 +114,7 @@ GPU = Scale(
     steps=300, batch=32, anchors=128, reuse=2, evaluations=4, training_seeds=2,
     suite_prompts=8, new_tokens=64, exactness_prompts=1, bootstrap=4000, decode_workers=6,
     overrides=("train.mixed_precision=bf16", "target.dtype=bfloat16", "drafter.compile=true",
-               "loss.chunk_size=4096", "anchors.token_budget=65536", "train.feature_reuse=2"),
+               "loss.chunk_size=4096", "anchors.token_budget=65536"),
     per_recipe={**{r: ["drafter.init_from_target_layers=[25,26,27,28,29]"] for r in PARALLEL},
                 EAGLE3: ["drafter.init_from_target_layers=[29]"]},
     estimated_s={"build": 25, "data": 60, "suites": 10, "train": 220, "evaluate": 85},
@@ -128,7 +126,7 @@ TINY = Scale(
     train_prompts=6, validation_prompts=2, answer_tokens=12, regenerate_batch=8,
     steps=4, batch=2, anchors=4, reuse=2, evaluations=2, training_seeds=2,
     suite_prompts=2, new_tokens=6, exactness_prompts=1, bootstrap=100, decode_workers=1,
-    overrides=("drafter.compile=false", "data.max_length=256", "train.eval_sequences=2", "train.feature_reuse=2"),
+    overrides=("drafter.compile=false", "data.max_length=256", "train.eval_sequences=2"),
     per_recipe={**{r: ["target.layer_ids=[0]", "drafter.num_layers=1", "drafter.init_from_target_layers=[1]"]
                    for r in PARALLEL},
                 "smollm2-135m-dflash2": ["target.layer_ids=[0]", "drafter.num_layers=1",
@@ -159,9 +157,9 @@ def realworld_args(args: argparse.Namespace, scale: Scale) -> argparse.Namespace
     """The settings ``bench/realworld.py``'s functions read, at this scale."""
     return argparse.Namespace(
         datasets=args.datasets, prompts=scale.suite_prompts, steps=scale.steps, anchors=scale.anchors,
-        batch=scale.batch, evaluations=scale.evaluations, no_progress=args.no_progress,
-        override_all=list(scale.overrides), training_seeds=scale.training_seeds, train_jobs=1, reuse=False,
-        bootstrap=scale.bootstrap)
+        batch=scale.batch, feature_reuse=scale.reuse, stop_at=0, evaluations=scale.evaluations,
+        no_progress=args.no_progress, override_all=list(scale.overrides), training_seeds=scale.training_seeds,
+        train_jobs=1, reuse=False, bootstrap=scale.bootstrap)
 
 
 def run_cli(words: list[str]) -> None:
@@ -218,24 +216,16 @@ class WallGuard:
                 f"{seconds:.0f} s")
 
 
-def converged(curve: Curve) -> bool | None:
-    """The convergence rule on the last evaluation interval (the last quarter with 4 evaluations); None with fewer
-    than two evaluations."""
-    if curve.last_gain is None:
-        return None
-    return curve.last_gain < CONVERGED_GAIN * max(curve.mean[-1], 1e-9)
-
-
 def train_kinds(rw: argparse.Namespace, scale: Scale, target: Path, out: Path) -> tuple[TrainingPlan, dict]:
     plan = training_plan(rw, out, out / "data", target, KINDS, scale.per_recipe)
     seconds = train_all(plan.commands, 1, out)
     plan.write_record()
     curves = validation_curves(plan, KINDS, scale.training_seeds)
-    plot = plot_curves(curves, out / "validation_expected_len.png")
+    plot = plot_curves(curves, out / "validation_expected_len.png", scale.training_seeds)
     return plan, {"commands": seconds, "notes": plan.notes, "curves_png": str(plot),
                   "curves_table": curves_table(curves),
                   "validation_expected_len": {k: dataclasses.asdict(c) for k, c in curves.items()},
-                  "converged": {k: converged(c) for k, c in curves.items()}}
+                  "converged": {k: c.converged for k, c in curves.items()}}
 
 
 def evaluate(args: argparse.Namespace, rw: argparse.Namespace, scale: Scale, plan: TrainingPlan, target_path: Path,

@@ -16,11 +16,18 @@ compare=[...] seeds=N`` command lines, exactly as a user types them:
 - every group's run directory is ``OUT/groups/<recipe>-seed<seed>/`` (all commands share ``run.output_dir`` =
   OUT), and ``OUT/groups.json`` lists every group of the comparison once training is over.
 
-``train_all`` runs the commands ``jobs`` at a time and times each one.
+With ``reuse`` a comparison accumulates over invocations: ``stop_at`` (``train.stop_at_step``) ends this invocation's
+runs early on the schedule of ``train.max_steps``; a later invocation with a larger ``stop_at`` continues every run
+from its last checkpoint (``train.resume=auto``) instead of starting over, and a run that already reached it is not
+trained again.
+
+``train_all`` runs the commands ``jobs`` at a time and times each one; ``tokens_per_pass`` counts the target tokens
+each pass forwards (the x axis of the learning curves).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepspec_train.config.loader import ConfigError
+from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.drafter_groups import (
     DrafterGroup, load_groups, parse_group_command_line, write_groups_record,
 )
@@ -57,6 +65,16 @@ class TrainingPlan:
         return write_groups_record(list(self.groups.values()))
 
 
+def reached_step(run_dir: Path) -> int:
+    """The last step a run directory holds: its summary's (a run that ended or stopped at ``train.stop_at_step``),
+    else its newest checkpoint's (a preempted run), else 0."""
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        return int(json.loads(summary.read_text())["steps"])
+    checkpoints = sorted((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").is_dir() else []
+    return int(checkpoints[-1].name.removeprefix("step_")) if checkpoints else 0
+
+
 def group_words(recipes: list[str], seeds: int, shared: list[str], per_recipe: dict[str, list[str]]) -> list[str]:
     """The ``train.py`` arguments of one grouped run of ``recipes`` x ``seeds``."""
     compare = [f"compare=[{','.join(recipes[1:])}]"] if len(recipes) > 1 else []
@@ -69,13 +87,16 @@ def _load(recipes: list[str], seeds: int, shared: list[str], per_recipe: dict[st
 
 
 def plan_training(recipes: list[str], seeds: int, shared: list[str], per_recipe: dict[str, list[str]], out: Path,
-                  jobs: int, reuse: bool) -> TrainingPlan:
+                  jobs: int, reuse: bool, stop_at: int | None = None) -> TrainingPlan:
     """The plan of a comparison (see the module docstring). ``shared`` are the overrides of every group (paths,
     budget), ``per_recipe`` those of one recipe's groups; a recipe that does not validate ends the benchmark with
-    its one-line error. With ``reuse`` a recipe whose every training seed has a drafter is not trained again."""
+    its one-line error. With ``reuse`` a recipe whose every training seed has a drafter at ``stop_at`` (or at the
+    end of its schedule) is not trained again, and one whose every seed left a checkpoint short of it continues."""
     if jobs < 1:
         raise SystemExit(f"--train-jobs must be at least 1, got {jobs}")
-    shared = [*shared, f"run.output_dir={out}", "run.overwrite=true"]
+    shared = [*shared, f"run.output_dir={out}"]
+    if stop_at is not None:
+        shared.append(f"train.stop_at_step={stop_at}")
     try:
         for recipe in recipes:
             _load([recipe], 1, shared, per_recipe)
@@ -105,14 +126,31 @@ def plan_training(recipes: list[str], seeds: int, shared: list[str], per_recipe:
         loaded = _load(members, seeds, shared, per_recipe)
         for index, group in enumerate(loaded):
             groups[(members[index // seeds], index % seeds)] = group
-        todo = [r for r in members
-                if not (reuse and all((groups[(r, s)].out_dir / "drafter").is_dir() for s in range(seeds)))]
-        parts = min(jobs, len(todo))
-        for k in range(parts):
-            chunk = todo[k::parts]
-            commands["+".join(chunk)] = [sys.executable, str(REPO / "train.py"),
-                                         *group_words(chunk, seeds, shared, per_recipe)]
+        reached = {r: [reached_step(groups[(r, s)].out_dir) if reuse else 0 for s in range(seeds)] for r in members}
+        fresh = [r for r in members if min(reached[r]) == 0]
+        # A schedule of train.epochs has no step count known here: a run of it that ended is done.
+        end = stop_at or groups[(members[0], 0)].cfg.train.max_steps
+        continued = [r for r in members if 0 < min(reached[r]) and end is not None and min(reached[r]) < end]
+        for todo, start in ((fresh, "run.overwrite=true"), (continued, "train.resume=auto")):
+            parts = min(jobs, len(todo))
+            for k in range(parts):
+                chunk = todo[k::parts]
+                commands["+".join(chunk)] = [sys.executable, str(REPO / "train.py"),
+                                             *group_words(chunk, seeds, [*shared, start], per_recipe)]
+        for r in continued:
+            notes.append(f"note: {r} continues from step {min(reached[r])} to {end} (train.resume=auto)")
     return TrainingPlan(groups, commands, notes)
+
+
+def tokens_per_pass(cfg: RecipeConfig, passes: int) -> list[int]:
+    """The target tokens of each of the first ``passes`` target passes of ``cfg``'s run, from its plan's own
+    sequences (every group of a comparison trains the same ones: ``run.data_seed`` is pinned)."""
+    from deepspec_train.data.token_shards import build_token_dataset
+    from deepspec_train.jobs.assembly import conversation_renderer, train_plan
+
+    rows, _ = build_token_dataset(cfg.data.train, conversation_renderer(cfg), cfg.data.cache_dir, progress=False)
+    plan = train_plan(cfg, rows, 0, 1)
+    return [sum(len(rows[i]["input_ids"]) for i in plan.sequence_indices(p)) for p in range(passes)]
 
 
 def train_all(commands: dict[str, list[str]], jobs: int, log_dir: Path) -> dict[str, dict[str, float]]:

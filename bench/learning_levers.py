@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.group_training import plan_training, train_all  # noqa: E402
+from bench.group_training import plan_training, tokens_per_pass, train_all  # noqa: E402
 from bench.validation_curve import logged_values  # noqa: E402
 from deepspec_train.formats.figures import new_figure, save_png  # noqa: E402
 
@@ -143,16 +143,11 @@ def probe_seconds_per_pass(variant: Variant, shared: list[str], out: Path, passe
     return seconds
 
 
-def tokens_per_pass(args: argparse.Namespace, out: Path, passes: int) -> list[int]:
+def tokens_of_passes(args: argparse.Namespace, out: Path, passes: int) -> list[int]:
     """The target tokens of each pass, from the plan's own sequences."""
-    from deepspec_train.jobs.assembly import conversation_renderer, train_plan
-    from deepspec_train.data.token_shards import build_token_dataset
     from deepspec_train.validation import load_recipe
 
-    cfg = load_recipe(VARIANTS[0].recipe, shared_overrides(args, out))
-    rows, _ = build_token_dataset(cfg.data.train, conversation_renderer(cfg), cfg.data.cache_dir, progress=False)
-    plan = train_plan(cfg, rows, 0, 1)
-    return [sum(len(rows[i]["input_ids"]) for i in plan.sequence_indices(p)) for p in range(passes)]
+    return tokens_per_pass(load_recipe(VARIANTS[0].recipe, shared_overrides(args, out)), passes)
 
 
 @dataclass(frozen=True)
@@ -269,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     trained = {} if args.report_only else train_all(plan.commands, 1, out / "logs")
     plan.write_record()
     seconds = {v.name: probe_seconds_per_pass(v, shared, out, args.probe_passes, args.reuse) for v in variants}
-    tokens = tokens_per_pass(args, out, args.passes)
+    tokens = tokens_of_passes(args, out, args.passes)
     curves = {v.name: lever_curve([plan.run_dir(v.recipe, s) for s in range(args.seeds)], v.reuse) for v in variants}
     table, record = report(curves, seconds, tokens, args.seeds)
     picture = plot(curves, seconds, tokens, out / "levers_curves.png")

@@ -224,15 +224,37 @@ def test_training_plan_groups_recipes_splits_them_and_falls_back(tiny_world: Pat
     assert list(apart.commands) == ["tiny-dspark+tiny-dflash2", "tiny-eagle3"]
     (note,) = apart.notes
     assert note.startswith("note: tiny-eagle3 trains in a target pass of its own") and "data.max_length" in note
-    # Reuse: a recipe whose every seed has a drafter is not trained again; one missing seed retrains the recipe.
+    # Reuse: a recipe whose every seed has a drafter at the end of the schedule is not trained again; one missing
+    # seed retrains the recipe.
+    end = one.groups[("tiny-dspark", 0)].cfg.train.max_steps
     for seed in (0, 1):
-        (one.run_dir("tiny-dspark", seed) / "drafter").mkdir(parents=True)
-    (one.run_dir("tiny-eagle3", 0) / "drafter").mkdir(parents=True)
+        _ended_at(one.run_dir("tiny-dspark", seed), end)
+    _ended_at(one.run_dir("tiny-eagle3", 0), end)
     reused = plan_training(recipes, 2, shared, per_recipe, out, 1, reuse=True)
     assert list(reused.commands) == ["tiny-dflash2+tiny-eagle3"] and reused.command_of("tiny-dspark") is None
     assert reused.write_record() == out / "groups.json"
     listed = json.loads((out / "groups.json").read_text())["groups"]
     assert [g["label"] for g in listed] == [f"{r}-seed{s}" for r in recipes for s in (0, 1)]
+    assert "run.overwrite=true" in reused.commands["tiny-dflash2+tiny-eagle3"]
+    # Accumulation: runs that stopped short of this invocation's end (train.stop_at_step, or a preemption's last
+    # checkpoint) continue from their checkpoints; a run that reached it is not trained again.
+    for seed in (0, 1):
+        _ended_at(one.run_dir("tiny-dflash2", seed), 2)
+    (one.run_dir("tiny-eagle3", 1) / "checkpoints" / "step_00000003").mkdir(parents=True)
+    later = plan_training(recipes, 2, shared, per_recipe, out, 1, reuse=True, stop_at=end)
+    (name, command), = later.commands.items()
+    assert name == "tiny-dflash2+tiny-eagle3"
+    assert "train.resume=auto" in command and "run.overwrite=true" not in command
+    assert f"train.stop_at_step={end}" in command
+    assert later.notes == [f"note: tiny-dflash2 continues from step 2 to {end} (train.resume=auto)",
+                           f"note: tiny-eagle3 continues from step 3 to {end} (train.resume=auto)"]
+    assert plan_training(recipes, 2, shared, per_recipe, out, 1, reuse=True, stop_at=2).commands == {}
+
+
+def _ended_at(run_dir: Path, step: int) -> None:
+    """What a run that ended (or stopped) at ``step`` leaves: its drafter and summary."""
+    (run_dir / "drafter").mkdir(parents=True, exist_ok=True)
+    (run_dir / "summary.json").write_text(json.dumps({"steps": step}))
 
 
 @pytest.mark.slow

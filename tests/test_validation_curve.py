@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.validation_curve import curve_of, curves_table, plot_curves
+import pytest
+
+from bench.validation_curve import Curve, curve_of, curves_table, plot_curves, with_target_tokens
 
 
 def write_run(run_dir: Path, values: dict[int, float]) -> Path:
@@ -31,9 +33,39 @@ def test_the_curve_is_the_seeds_mean_and_range_at_the_steps_every_seed_evaluated
 
     table = curves_table({"dspark": curve, "eagle3": curve_of(seeds[:1])})
     rows = table.splitlines()
-    assert rows[0] == "| kind | step 10 | step 20 | step 30 | gain over the last interval |"
-    assert rows[2] == "| dspark | 0.600 [0.500, 0.700] | 1.067 [0.900, 1.300] |  | +0.467 |"
-    assert rows[3] == "| eagle3 | 0.500 | 0.900 | 1.100 | +0.200 |"
+    assert rows[0] == ("| kind | step 10 | step 20 | step 30 | gain over the last interval | last quarter's share | "
+                       "converged (< 5%) |")
+    # dspark: E[L] at step 15 is halfway between 0.6 and 1.067 (0.833), so the last quarter added 21.9%.
+    assert rows[2] == "| dspark | 0.600 [0.500, 0.700] | 1.067 [0.900, 1.300] |  | +0.467 | 21.9% | no |"
+    assert rows[3] == "| eagle3 | 0.500 | 0.900 | 1.100 | +0.200 | 13.6% | no |"
 
     png = plot_curves({"dspark": curve}, tmp_path / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_convergence_rule_is_the_last_quarters_share_of_the_final_value() -> None:
+    """A curve has converged when the last quarter of its steps added less than 5% of its final mean E[L]; the
+    value at 3/4 of the steps is read linearly between evaluations (from 0 at step 0)."""
+    flat = Curve([100, 200, 300, 400], [1.0, 1.9, 1.98, 2.0], [0.0] * 4, [3.0] * 4)
+    # At step 300 the curve is 1.98, so the last quarter added (2.0 - 1.98) / 2.0 = 1%.
+    assert abs(flat.last_quarter_share - 0.01) < 1e-12 and flat.converged is True
+    rising = Curve([100, 200, 400], [1.0, 1.5, 2.0], [0.0] * 3, [3.0] * 3)
+    # Step 300 lies halfway between 200 (1.5) and 400 (2.0): 1.75, so the last quarter added 12.5%.
+    assert abs(rising.last_quarter_share - 0.125) < 1e-12 and rising.converged is False
+    # One evaluation: at 3/4 of it the line from 0 gives 3/4 of the value; too little to judge.
+    single = Curve([8], [1.0], [1.0], [1.0])
+    assert abs(single.last_quarter_share - 0.25) < 1e-12 and single.converged is None
+    assert Curve([], [], [], []).converged is None
+
+
+def test_target_tokens_count_the_passes_each_evaluated_step_has_used() -> None:
+    """With reuse R, step s has used target passes 1 .. ceil(s / R); the axis sums their tokens."""
+    curve = Curve([3, 4, 9], [0.1, 0.2, 0.3], [0.1, 0.2, 0.3], [0.1, 0.2, 0.3])
+    per_pass = [10, 20, 30, 40, 50]
+    placed = with_target_tokens(curve, per_pass, reuse=2)
+    assert placed.target_tokens == [sum(per_pass[:2]), sum(per_pass[:2]), sum(per_pass[:5])]
+    assert with_target_tokens(curve, per_pass, reuse=3).target_tokens == [10, 30, 60]
+    with pytest.raises(ValueError, match="needs 5 target passes"):
+        with_target_tokens(curve, per_pass[:4], reuse=2)
+    table = curves_table({"dspark": placed})
+    assert table.splitlines()[-1] == "| target tokens | 30 | 30 | 150 | | | |"
