@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from deepspec_train.checksums import file_checksum
+from deepspec_train.common.checksums import file_checksum
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem, write_manifest
 
 MB = 1 << 20

@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from deepspec_train.data.conversations import BadRow, iter_records, normalize_conversation, write_conversations_jsonl
-from deepspec_train.errors import UserError, exit_on_user_error
-from deepspec_train.model_folders import check_target_folder
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.common.errors import UserError, exit_on_user_error
+from deepspec_train.common.model_folders import check_target_folder
+from deepspec_train.common.output_paths import ensure_output_dir
 
 DEFAULT_SOURCE = "mlabonne/open-perfectblend"
 MANIFEST = "manifest.json"

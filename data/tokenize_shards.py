@@ -18,10 +18,10 @@ from typing import Optional
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import DataSummary, build_token_dataset
-from deepspec_train.errors import exit_on_user_error
-from deepspec_train.model_folders import check_target_folder
+from deepspec_train.common.errors import exit_on_user_error
+from deepspec_train.common.model_folders import check_target_folder
 from deepspec_train.jobs.entry import parse_command_line
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.common.output_paths import ensure_output_dir
 
 
 def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, DataSummary]:
@@ -41,7 +41,7 @@ def tokenize_recipe_data(cfg: RecipeConfig, progress: bool = True) -> dict[str, 
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Exit status 0, or 2 with one ``error:`` line for a bad recipe or data file (``deepspec_train.errors``)."""
+    """Exit status 0, or 2 with one ``error:`` line for a bad recipe or data file (``deepspec_train.common.errors``)."""
     return exit_on_user_error(lambda: _tokenize(sys.argv[1:] if argv is None else argv))
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-import deepspec_train.package_version as package_version_module
+import deepspec_train.common.package_version as package_version_module
 from deepspec_train.jobs.cli import VERBS, main
 from deepspec_train.jobs.env_cli import LIBRARIES, NOT_INSTALLED, format_report, installed_version
-from deepspec_train.package_version import package_version
+from deepspec_train.common.package_version import package_version
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 from torch import nn
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.training.checkpoint import (
     LocalTrainState, list_checkpoints, load_checkpoint, load_run_state, resolve_resume, save_checkpoint,
 )

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deepspec_train.jobs.cli import main
-from deepspec_train.errors import UserError, exit_on_user_error, one_line
+from deepspec_train.common.errors import UserError, exit_on_user_error, one_line
 from deepspec_train.regenerate.backend import GenerationError
 from deepspec_train.regenerate.http_backend import OpenAIChatBackend
 from tests.helpers.regeneration import SAMPLING, write_jsonl

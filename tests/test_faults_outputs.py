@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from deepspec_train.jobs.cli import main
-from deepspec_train.output_paths import ensure_output_dir, ensure_output_file
+from deepspec_train.common.output_paths import ensure_output_dir, ensure_output_file
 from tests.helpers.streaming_world import REPO, recipe_overrides
 
 

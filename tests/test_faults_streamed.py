@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from deepspec_train import console
+from deepspec_train.common import console
 from deepspec_train.streaming import peer_processes
 from deepspec_train.streaming.watchdog import PeerFailure, is_peer_error, is_timeout, wait_for
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, pass_replay, train_plan
 from deepspec_train.jobs.entry import main
 from deepspec_train.jobs.run import run_training

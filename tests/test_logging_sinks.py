@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deepspec_train.config.schema import LoggingConfig
-from deepspec_train.console import get_logger, rank0_print
+from deepspec_train.common.console import get_logger, rank0_print
 from deepspec_train.metrics.sinks import (
     FanoutSink, JsonlSink, MetricsSink, NoOpSink, WandbSink, make_sink, wandb_labels,
 )

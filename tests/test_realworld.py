@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, stop_token_ids
 from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.formats.drafter_loader import load_exported_drafter

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.jobs.refusal_cleanup import highest_missing, removed_if_refused
 from deepspec_train.jobs.run_directory import holds_a_run
 from tests.helpers.checkable_target import CHAT_ROW, write_checkable_target

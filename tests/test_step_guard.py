@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.step_guard import BadSteps, TooManyBadSteps, agree_on_step

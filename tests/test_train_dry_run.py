@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from deepspec_train.config.loader import config_to_dict
-from deepspec_train.errors import UserError
-from deepspec_train.output_paths import check_output_dir
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.output_paths import check_output_dir
 from deepspec_train.validation import load_recipe
 from tests.helpers.checkable_target import write_chat_rows, write_checkable_target
 

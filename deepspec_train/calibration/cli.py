@@ -32,13 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from deepspec_train.calibration.temperature_scaling import cumulative_survival, sequential_temperature_scaling
-from deepspec_train.errors import UserError
-from deepspec_train.output_paths import check_output_dir, ensure_output_dir
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.output_paths import check_output_dir, ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, sts_payload, write_strict_json
 from deepspec_train.formats.eval_traces import TraceRound, read_traces
 from deepspec_train.formats.figures import new_figure, save_png
 from deepspec_train.metrics.calibration import ReliabilityCurve, reliability_curve
-from deepspec_train.model_folders import check_drafter_folder
+from deepspec_train.common.model_folders import check_drafter_folder
 
 N_BINS = 10
 

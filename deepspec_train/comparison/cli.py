@@ -27,8 +27,8 @@ import yaml
 from deepspec_train.comparison.collect import DrafterRow, collect_rows, suites_of
 from deepspec_train.comparison.plots import write_plots
 from deepspec_train.comparison.report import calibration_table, main_table, markdown_table, write_report
-from deepspec_train.errors import UserError
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.output_paths import ensure_output_dir
 
 DEFAULT_GROUP = "deepspec-compare"
 # W&B truncates longer run names; a readable prefix of the drafter list is enough to recognise the run.

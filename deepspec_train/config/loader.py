@@ -22,7 +22,7 @@ import yaml
 
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.config.shipped_files import SHIPPED_RECIPES
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 RECIPE_SUFFIXES = (".yaml", ".yml")
 # Top-level recipe sections read by other verbs than training, which validate them themselves.

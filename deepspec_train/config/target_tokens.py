@@ -73,7 +73,7 @@ def resolve(cfg: RecipeConfig, target_config: Mapping[str, Any], uses_mask_token
     notes.append(f"turn end {turn_end!r} ({'family record' if family is not None else 'from its chat template'})"
                  if turn_end else "turn end: the chat template writes none; answers end at the tokenizer's eos")
     # Imported here: recipe checks run before torch is imported (a bad value fails train.py within two seconds).
-    from deepspec_train.console import get_logger
+    from deepspec_train.common.console import get_logger
 
     log = get_logger(__name__)
     for note in notes:

@@ -15,7 +15,7 @@ from typing import Any
 
 from deepspec_train.config.chat_template_setting import CHATML, chat_template_problem
 from deepspec_train.data.chatml_template import CHATML_TEMPLATE
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 BUILT_IN_TEMPLATES = {CHATML: CHATML_TEMPLATE}
 

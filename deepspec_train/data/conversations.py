@@ -28,7 +28,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 Message = dict
 """One chat message: ``{"role": "system" | "user" | "assistant", "content": str}``; an assistant message with a

@@ -17,7 +17,7 @@ from itertools import chain, islice
 
 from deepspec_train.data.conversations import BadRow, iter_records
 from deepspec_train.data.row_shapes import SHAPES, FieldMap, RowShape
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 AUTO = "auto"
 DETECTION_ROWS = 32

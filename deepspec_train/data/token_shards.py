@@ -40,8 +40,8 @@ import datasets
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from deepspec_train.checksums import ALGORITHM, file_checksum
-from deepspec_train.disk_space import folder_bytes, whole_or_nothing
+from deepspec_train.common.checksums import ALGORITHM, file_checksum
+from deepspec_train.common.disk_space import folder_bytes, whole_or_nothing
 from deepspec_train.data.chat_templates import require_chat_template
 from deepspec_train.data.conversations import BadRow
 from deepspec_train.data.data_summary import DataSummary, SourceSummary

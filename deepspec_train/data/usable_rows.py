@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from deepspec_train.data.data_summary import DataSummary, SourceSummary
 from deepspec_train.data.row_shapes import accepted_shapes
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 # The settings that change whether rows with a skip reason are read; a reason not listed is in the data itself.
 SETTINGS_FOR_REASON = {

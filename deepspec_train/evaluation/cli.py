@@ -24,12 +24,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from deepspec_train.errors import UserError
-from deepspec_train.output_paths import ensure_output_dir, ensure_output_file
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.output_paths import ensure_output_dir, ensure_output_file
 from deepspec_train.evaluation.report import ConversationStats, build_results, summary_table
 from deepspec_train.evaluation.suites import Suite, load_suite
 from deepspec_train.formats.eval_traces import TraceRound, write_traces
-from deepspec_train.model_folders import check_drafter_folder, check_target_folder
+from deepspec_train.common.model_folders import check_drafter_folder, check_target_folder
 
 if TYPE_CHECKING:
     from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder

@@ -30,7 +30,7 @@ from deepspec_train.comparison.plots import acceptance_file, plot_tau_per_suite,
 from deepspec_train.comparison.position_plots import (
     BucketPoint, plot_conditional_acceptance, plot_tau_by_bucket, settings_title, titled,
 )
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.evaluation.drafter_comparison import BenchDrafter, DecodeSettings, decode_interleaved
 from deepspec_train.evaluation.position_buckets import POSITION_AXES, POSITION_BUCKETS
 from deepspec_train.evaluation.report import ConversationStats, build_results

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 TINYWORLD_PREFIX = "tinyworld:"
 TINYWORLD_SUITES = ("code", "prose", "math")

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau, bootstrap_tau_ratios
 from deepspec_train.evaluation.drafter_comparison import draft_ms_per_round, markdown, tau_by_category, totals_by_category
 from deepspec_train.evaluation.position_buckets import (

@@ -23,14 +23,14 @@ import json
 import os
 from pathlib import Path
 
-from deepspec_train.errors import UserError
-from deepspec_train.output_paths import check_output_dir, ensure_output_dir
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.output_paths import check_output_dir, ensure_output_dir
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
 from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
 from deepspec_train.kinds.engine_reading import ENGINES
 from deepspec_train.kinds.layout_registry import LAYOUTS
-from deepspec_train.model_folders import check_drafter_folder, check_target_folder
+from deepspec_train.common.model_folders import check_drafter_folder, check_target_folder
 
 
 def _engine_list(text: str) -> list[str]:

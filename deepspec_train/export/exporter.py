@@ -42,7 +42,7 @@ import yaml
 from safetensors.torch import save_file
 
 from deepspec_train.config.schema import AnchorConfig
-from deepspec_train.disk_space import tensor_bytes, whole_or_nothing
+from deepspec_train.common.disk_space import tensor_bytes, whole_or_nothing
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts, write_strict_json
 from deepspec_train.export.engine_rules import check_engines
 from deepspec_train.export.export_readme import README_FILE, export_readme

@@ -34,7 +34,7 @@ from deepspec_train.data.row_shapes import field_map
 from deepspec_train.data.token_shards import ConversationRenderer, build_token_dataset
 from deepspec_train.data.usable_rows import require_usable_rows
 from deepspec_train.formats.trained_drafter import write_trained_drafter
-from deepspec_train.console import get_logger
+from deepspec_train.common.console import get_logger
 from deepspec_train.metrics.sinks import MetricsSink, make_sink
 from deepspec_train.models.block_compile import compile_blocks
 from deepspec_train.packing.batch import PackedBatch

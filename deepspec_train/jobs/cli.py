@@ -3,7 +3,7 @@
 Each verb lives in its own module that exposes ``add_arguments(parser)`` and ``run(args) -> int``; this file only
 wires them together and imports a verb's module when that verb is used, so ``deepspec --help`` stays fast.
 A verb reports bad input by raising ``errors.UserError``: it is printed as ``error: <one line>`` and the command
-exits with status 2 (the exit statuses are listed in ``deepspec_train.errors``).
+exits with status 2 (the exit statuses are listed in ``deepspec_train.common.errors``).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import argparse
 import importlib
 import sys
 
-from deepspec_train.errors import run_verb
-from deepspec_train.package_version import package_version
+from deepspec_train.common.errors import run_verb
+from deepspec_train.common.package_version import package_version
 
 # verb -> (module, one-line help)
 VERBS: dict[str, tuple[str, str]] = {

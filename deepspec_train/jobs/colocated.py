@@ -28,7 +28,7 @@ from typing import Callable, Generator, Optional
 import torch
 from torch import nn
 
-from deepspec_train.console import get_logger
+from deepspec_train.common.console import get_logger
 from deepspec_train.jobs.assembly import (
     TrainingJob, chunk_builder, load_token_datasets, pass_replay, start_job, total_steps_for, train_plan,
     validation_pass,

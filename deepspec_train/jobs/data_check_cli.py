@@ -25,8 +25,8 @@ from deepspec_train.config.schema import DataConfig, RowFormatName
 from deepspec_train.data.chat_templates import with_chat_template
 from deepspec_train.data.data_summary import DataSummary
 from deepspec_train.data.usable_rows import describe_source
-from deepspec_train.errors import UserError
-from deepspec_train.model_folders import check_target_folder, loaded_or_refused
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.model_folders import check_target_folder, loaded_or_refused
 
 SUPERVISED_OPEN, SUPERVISED_CLOSE = "[[", "]]"
 # Rendered characters of the example shown (the rest is cut, and says so).

@@ -43,9 +43,9 @@ import yaml
 from deepspec_train.config.loader import ConfigError, read_recipe, resolved_yaml
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.jobs.run_directory import output_dir_problems
-from deepspec_train.output_paths import check_output_dir, ensure_output_dir
+from deepspec_train.common.output_paths import check_output_dir, ensure_output_dir
 from deepspec_train.validation import load_recipe
 
 GROUP_USAGE = ("usage: train.py recipe=NAME compare=[NAME,...] seeds=N [dotted.key=value ...] "

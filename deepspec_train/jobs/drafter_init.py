@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.console import get_logger
-from deepspec_train.errors import UserError
+from deepspec_train.common.console import get_logger
+from deepspec_train.common.errors import UserError
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.trained_drafter import SAVED_BUFFERS
 from deepspec_train.kinds.registry import kind_spec

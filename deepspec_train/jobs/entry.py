@@ -4,7 +4,7 @@ The recipe is validated before anything heavy is imported or loaded (its types, 
 the target's config.json, the launch's process count and whether ``run.output_dir`` may take this run), so a bad
 value fails in well under a second with a one-line message, before any data is tokenised or any weight is read.
 Bad input found later (a data file, a checkpoint to resume) is reported the same way: ``error: <one line>`` on
-stderr and exit status 2 (``deepspec_train.errors``).
+stderr and exit status 2 (``deepspec_train.common.errors``).
 
 ``compare=`` / ``seeds=`` make a run of drafter groups (``jobs.drafter_groups``): every group is validated the same
 way before anything loads.
@@ -33,7 +33,7 @@ from deepspec_train.config.loader import ConfigError, available_recipes, recipe_
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.rules import launch_problems
-from deepspec_train.errors import exit_on_user_error
+from deepspec_train.common.errors import exit_on_user_error
 from deepspec_train.jobs.drafter_groups import (
     dry_run_text, is_group_command_line, launch_and_output_problems, load_groups, parse_group_command_line,
     prepare_directories,
@@ -41,7 +41,7 @@ from deepspec_train.jobs.drafter_groups import (
 from deepspec_train.jobs.preflight import Preflight, preflight
 from deepspec_train.jobs.refusal_cleanup import removed_if_refused
 from deepspec_train.jobs.run_directory import holds_a_run, output_dir_problems
-from deepspec_train.output_paths import check_output_dir, ensure_output_dir
+from deepspec_train.common.output_paths import check_output_dir, ensure_output_dir
 
 USAGE = "usage: train.py recipe=NAME [dotted.key=value ...] [--dry-run]"
 HELP_OPTIONS = ("-h", "--help")

@@ -15,7 +15,7 @@ import platform
 from importlib import metadata
 from typing import Any
 
-from deepspec_train.package_version import package_version
+from deepspec_train.common.package_version import package_version
 
 LIBRARIES = ("torch", "transformers", "accelerate", "deepspeed", "tokenizers", "safetensors")
 NOT_INSTALLED = "not installed"

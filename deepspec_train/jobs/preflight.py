@@ -23,8 +23,8 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.conversations import looks_like_a_path
 from deepspec_train.data.row_shapes import accepted_shapes, field_map
 from deepspec_train.data.shape_detection import DETECTION_ROWS, open_source
-from deepspec_train.errors import UserError
-from deepspec_train.model_folders import (
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.model_folders import (
     drafter_folder_problem, loaded_or_refused, model_folder_problem, tokenizer_problem,
 )
 

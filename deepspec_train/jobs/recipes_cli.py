@@ -17,8 +17,8 @@ from pathlib import Path
 from deepspec_train.config.loader import (
     RECIPE_SUFFIXES, ConfigError, available_recipes, find_recipe, read_recipe, resolved_yaml,
 )
-from deepspec_train.errors import UserError, one_line
-from deepspec_train.output_paths import ensure_output_file
+from deepspec_train.common.errors import UserError, one_line
+from deepspec_train.common.output_paths import ensure_output_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 
 def highest_missing(folder: str) -> Path | None:

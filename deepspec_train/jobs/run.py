@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from deepspec_train.config.loader import save_resolved
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.console import get_logger
+from deepspec_train.common.console import get_logger
 from deepspec_train.jobs.colocated import train_colocated
 from deepspec_train.jobs.drafter_groups import DrafterGroup, plain_run, write_groups_record
 from deepspec_train.jobs.run_directory import claim_output_dir

@@ -45,7 +45,7 @@ from deepspec_train.jobs.drafter_groups import DrafterGroup, naming_errors
 from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.jobs.target_init import initialise_from_target
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.console import get_logger, speak_for_role
+from deepspec_train.common.console import get_logger, speak_for_role
 from deepspec_train.models.draft_vocab import count_supervised_tokens
 from deepspec_train.kinds.builder import build_drafter_from_files
 from deepspec_train.steps.chunk_builder import ChunkBuilder

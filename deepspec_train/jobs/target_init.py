@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.console import get_logger
-from deepspec_train.errors import UserError
+from deepspec_train.common.console import get_logger
+from deepspec_train.common.errors import UserError
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.target.layer_weights import TargetLayerError, read_decoder_layer
 

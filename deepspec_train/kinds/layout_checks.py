@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 if TYPE_CHECKING:
     import torch

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.realworld.gguf_source import GgufSource
 
 MANIFEST = "realworld.json"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deepspec_train.config.shipped_files import SHIPPED
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 BUILTIN_PREFIX = "builtin:"
 SHIPPED_PROMPTS = SHIPPED / "prompts"

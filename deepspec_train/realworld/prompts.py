@@ -15,7 +15,7 @@ import json
 import random
 from pathlib import Path
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.realworld.builtin_prompts import resolve_prompt_source
 
 

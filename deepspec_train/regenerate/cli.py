@@ -29,9 +29,9 @@ from pathlib import Path
 
 from deepspec_train.config.loader import ConfigError, load_recipe_section
 from deepspec_train.config.schema import TargetConfig
-from deepspec_train.errors import UserError, run_verb
-from deepspec_train.model_folders import check_target_folder
-from deepspec_train.output_paths import ensure_output_file
+from deepspec_train.common.errors import UserError, run_verb
+from deepspec_train.common.model_folders import check_target_folder
+from deepspec_train.common.output_paths import ensure_output_file
 from deepspec_train.regenerate.settings import SECTION, RegenerateConfig
 from deepspec_train.regenerate.backend import ChatBackend
 from deepspec_train.regenerate.runner import MULTI_TURN_MODES, check_output_is_not_input, regenerate_file

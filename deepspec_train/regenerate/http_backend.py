@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.regenerate.backend import GenerationError, Message
 from deepspec_train.regenerate.sampling import SamplingParams
 

@@ -33,7 +33,7 @@ from typing import Any
 from deepspec_train.data.conversations import (
     REASONING_INPUT_FIELDS, SHAREGPT_ROLES, BadRow, iter_records, normalize_conversation,
 )
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.regenerate.backend import ChatBackend, GenerationError, Message, StreamingBackend, TurnRequest
 from deepspec_train.regenerate.progress import RegenerateProgress
 from deepspec_train.regenerate.sampling import SamplingParams

@@ -18,9 +18,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from deepspec_train.errors import UserError
-from deepspec_train.model_folders import check_target_folder
-from deepspec_train.output_paths import ensure_output_file
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.model_folders import check_target_folder
+from deepspec_train.common.output_paths import ensure_output_file
 
 
 def parse_int_list(text: str) -> list[int]:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from deepspec_train.errors import UserError
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.common.errors import UserError
+from deepspec_train.common.output_paths import ensure_output_dir
 from deepspec_train.scheduling.profile_cli import parse_int_list
 
 

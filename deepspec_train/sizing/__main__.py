@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from deepspec_train.errors import UserError, one_line
+from deepspec_train.common.errors import UserError, one_line
 from deepspec_train.gpu_specs import GPUS
 from deepspec_train.sizing import FAMILY_RECIPES, cluster_row, long_context_rows, sizing_row
 from deepspec_train.sizing import levers as levers_module

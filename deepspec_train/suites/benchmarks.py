@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 REASONING_INSTRUCTION = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 HUMANEVAL_INSTRUCTION = "Write a solution to the following problem and make sure that it passes the tests:"

@@ -19,7 +19,7 @@ from typing import Optional
 
 from tqdm.auto import tqdm
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.evaluation.suites import SuitePrompt
 from deepspec_train.suites.benchmarks import BenchmarkSuite, SuiteRowError
 from deepspec_train.suites.dataset_rows import iter_split_rows

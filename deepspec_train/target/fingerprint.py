@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 # The config.json fields that define what a drafter for this target computes (not paths, versions or dtypes).
 ARCHITECTURE_FIELDS = (

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.target.layer_masks import builds_layer_masks, layer_mask
 
 

@@ -12,8 +12,8 @@ import argparse
 import os
 import sys
 
-from deepspec_train.errors import UserError, run_verb
-from deepspec_train.output_paths import ensure_output_dir
+from deepspec_train.common.errors import UserError, run_verb
+from deepspec_train.common.output_paths import ensure_output_dir
 from deepspec_train.tinyworld.presets import PRESETS
 
 

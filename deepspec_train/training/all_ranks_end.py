@@ -24,7 +24,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from deepspec_train.errors import USER_ERROR_EXIT_CODE, UserError, report_user_error
+from deepspec_train.common.errors import USER_ERROR_EXIT_CODE, UserError, report_user_error
 
 _POSTED = "deepspec/user_error/rank"
 _POSTERS = "deepspec/user_error/posters"

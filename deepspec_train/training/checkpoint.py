@@ -31,9 +31,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from deepspec_train.console import get_logger
-from deepspec_train.disk_space import tensor_bytes, whole_or_nothing
-from deepspec_train.errors import UserError
+from deepspec_train.common.console import get_logger
+from deepspec_train.common.disk_space import tensor_bytes, whole_or_nothing
+from deepspec_train.common.errors import UserError
 from deepspec_train.formats.trained_drafter import trainable_state
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem, has_manifest, write_manifest
 from deepspec_train.training.distributed import DistContext, barrier

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from deepspec_train.checksums import ALGORITHM, file_checksum
+from deepspec_train.common.checksums import ALGORITHM, file_checksum
 
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = 1

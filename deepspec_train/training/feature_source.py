@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, Optional, Protocol
 
 import torch
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.steps.chunk_builder import ChunkBuilder
 from deepspec_train.steps.chunk_plan import chunks_slot_counts, merge_slot_counts

@@ -11,7 +11,7 @@ from typing import IO, Optional
 
 from tqdm.auto import tqdm
 
-from deepspec_train.console import is_main_process
+from deepspec_train.common.console import is_main_process
 
 
 class TrainProgress:

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 from deepspec_train.training import preemption
 from deepspec_train.training.distributed import DistContext
 

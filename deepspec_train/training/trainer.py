@@ -34,7 +34,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from deepspec_train.config.schema import ZLAB_LABELS, RecipeConfig
-from deepspec_train.console import get_logger
+from deepspec_train.common.console import get_logger
 from deepspec_train.metrics.sinks import MetricsSink
 from deepspec_train.training.progress import TrainProgress
 from deepspec_train.metrics.acceptance import BlockLengthStats, PositionStats

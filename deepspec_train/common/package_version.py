@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 DISTRIBUTION = "deepspec_train"
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 # The first ``version = "..."`` at the start of a line: the [project] table's, the only one pyproject.toml has.
 _VERSION_LINE = re.compile(r'^version\s*=\s*"([^"]+)"', re.MULTILINE)
 

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 _FULL_WORDS = ("no space left on device", "storagefull", "disk quota exceeded")

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Optional, TypeVar
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 CONFIG_FILE = "config.json"
 SHARD_INDEX = "model.safetensors.index.json"

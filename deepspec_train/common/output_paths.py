@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from deepspec_train.errors import UserError
+from deepspec_train.common.errors import UserError
 
 # Why a path cannot be written, by errno, in the words the one-line message uses.
 _REASONS = {
