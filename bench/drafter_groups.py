@@ -11,11 +11,11 @@ processes' user + system time) are printed with their ratio (separate / one pass
 start, data and target loading, as users would.
 
 Modeled (``--model-only`` prints this part alone): per training sequence of ``--seq-len`` tokens, the target
-forward (``sizing.target_flops_per_sequence`` on the published Qwen3-8B config) and each drafter's step
-(forward + backward, its kind's FLOP model through ``sizing.drafter_flops_per_sequence``, at the recipe's
+forward (``costs.training_flops.target_flops_per_sequence`` on the published Qwen3-8B config) and each drafter's step
+(forward + backward, its kind's FLOP model through ``costs.training_flops.drafter_flops_per_sequence``, at the recipe's
 anchors) for ``qwen3-8b``, ``qwen3-8b-dflash`` and ``qwen3-8b-eagle3`` x 3 seeds: nine separate runs pay nine
 target forwards, one pass pays one. Bytes: the target's bf16 weights read per forward and the features each group
-receives per sequence (``sizing.payload_bytes``).
+receives per sequence (``costs.stream_payload.payload_bytes``).
 """
 
 from __future__ import annotations
@@ -83,10 +83,12 @@ def measure(world: Path, out: Path, steps: int, seeds: int) -> dict:
 def model(seeds: int = 3, seq_len: int = 2048) -> dict:
     """Modeled FLOPs and bytes per training sequence of ``MODEL_RECIPES`` x ``seeds``: separate runs and one pass."""
     from deepspec_train.models.geometry import geometry_from_target_config
-    from deepspec_train.sizing import (
-        TARGET_BYTES_PER_PARAM, drafter_flops_per_sequence, nominal_anchor_count, payload_bytes,
-        reference_target_config, target_flops_per_sequence, target_total_params,
+    from deepspec_train.costs.reference_targets import reference_target_config
+    from deepspec_train.costs.stream_payload import nominal_anchor_count, payload_bytes
+    from deepspec_train.costs.training_flops import (
+        drafter_flops_per_sequence, target_flops_per_sequence, target_total_params,
     )
+    from deepspec_train.costs.worker_memory import TARGET_BYTES_PER_PARAM
     from deepspec_train.validation import load_recipe
 
     rows = []

@@ -10,7 +10,7 @@ Phases, each on random weights and random data made in this process (nothing is 
 2. ``deepspeed``: the same trainer under DeepSpeed ZeRO-2 on one rank: its step-1 loss (bf16 on CUDA).
 3. ``width``: a Qwen3-8B-width copy (d 4,096, 32/8 heads, MLP 12,288, vocabulary 151,936) with ``--layers``
    target layers and a 2-layer DSpark: tokens/s of the target forward alone, of the drafter step alone and of the
-   whole step (target forward + drafter step), peak GPU memory, and the ``python -m deepspec_train.sizing`` tables
+   whole step (target forward + drafter step), peak GPU memory, and the ``python -m deepspec_train.costs`` tables
    to read it against.
 4. ``syncs``: host syncs per step, from the profiler (``cudaStreamSynchronize`` / ``cudaDeviceSynchronize`` /
    blocking ``cudaMemcpy`` calls over 3 profiled steps) and from ``bench/host_syncs.py``.
@@ -172,7 +172,7 @@ def phase_width(device: torch.device, layers: int, repeats: int) -> dict:
     whole_s = _timed(lambda: (target_forward(), drafter_step()), device, repeats)
     supervised = int(batch.target_hidden.shape[0])
     peak = torch.cuda.max_memory_allocated() if device.type == "cuda" else None
-    sizing = subprocess.run([sys.executable, "-m", "deepspec_train.sizing"], capture_output=True, text=True,
+    sizing = subprocess.run([sys.executable, "-m", "deepspec_train.costs"], capture_output=True, text=True,
                             cwd=Path(__file__).resolve().parent.parent)
     return {
         "target_layers": layers, "tokens": w["length"], "supervised_slots": supervised,

@@ -89,7 +89,7 @@ class Scale:
 # The GPU budget and its estimate (no GPU has run it yet: these are estimates, to be replaced by the first run's
 # measured phase seconds). SmolLM2-135M: 30 layers, d 576, vocabulary 49,152.
 #
-# - FLOPs are not what limits it. ``python -m deepspec_train.sizing``'s counts (``target_flops_per_sequence``,
+# - FLOPs are not what limits it. ``python -m deepspec_train.costs``'s counts (``target_flops_per_sequence``,
 #   ``drafter_flops_per_sequence``) at 320-token conversations and 64 anchors: target 72 GFLOP per sequence forward;
 #   drafter forward + backward 164 (DSpark), 130 (DFlash), 168 (DFlash2), 55 (EAGLE-3) GFLOP per sequence. A step
 #   of 32 sequences for the 8 drafters with the target every second step is 34 TFLOP: 87 ms at the tables' 40% of

@@ -1,5 +1,5 @@
 """The quality benchmark's serving-cost columns (``bench/quality.py``): each drafter's production counterpart
-(``deepspec_train.serving_cost``: its structure at Qwen3-8B widths), its modeled draft time per round, and the
+(``deepspec_train.costs.serving_cost``: its structure at Qwen3-8B widths), its modeled draft time per round, and the
 modeled speedup ``tau * t_target / (t_verify + t_draft)`` with the benchmark's measured tau, per category, at each
 reported batch size on one GPU.
 
@@ -21,8 +21,8 @@ from deepspec_train.evaluation.drafter_comparison import ratio_cell
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.evaluation.paired_bootstrap import PromptTotals, RatioEstimate
 from deepspec_train.formats.trained_drafter import read_trained_drafter
-from deepspec_train.gpu_specs import gpu_spec
-from deepspec_train.serving_cost import (
+from deepspec_train.costs.gpu_specs import gpu_spec
+from deepspec_train.costs.serving_cost import (
     DEFAULT_CONTEXT, REPORT_BATCHES, REPORT_GPU, RoundTimes, ServedDrafter, production_counterpart, round_times,
 )
 

@@ -65,7 +65,7 @@ from deepspec_train.evaluation.drafter_comparison import (  # noqa: E402
 from bench.group_training import TrainingPlan, plan_training, train_all  # noqa: E402
 from bench.modeled_speedup import modeled_cost, speedup_ratios, speedup_table, trained_settings  # noqa: E402
 from deepspec_train.evaluation.report import ConversationStats, build_results  # noqa: E402
-from deepspec_train.serving_cost import DEFAULT_CONTEXT, REPORT_BATCHES, REPORT_GPU  # noqa: E402
+from deepspec_train.costs.serving_cost import DEFAULT_CONTEXT, REPORT_BATCHES, REPORT_GPU  # noqa: E402
 from deepspec_train.evaluation.suites import TINYWORLD_SUITES, Suite, SuitePrompt, load_suite  # noqa: E402
 from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
 from deepspec_train.formats.eval_traces import write_traces  # noqa: E402
@@ -346,7 +346,7 @@ def render(args: argparse.Namespace, report: dict, tables: dict[str, tuple[list,
                   f"new tokens; {interval_words(args.training_seeds)})", "", markdown(*tables[f"tau_T{t:g}"]), "",
                   f"Modeled speedup at T = {t:g}: tau x t_target / (t_verify + t_draft) of the Qwen3-8B production "
                   f"counterparts on an {REPORT_GPU} (context {DEFAULT_CONTEXT}; "
-                  "`python -m deepspec_train.serving_cost`)",
+                  "`python -m deepspec_train.costs.serving_cost`)",
                   "", markdown(*tables[f"speedup_T{t:g}"]), ""]
     lines += ["## Draft cost (the first training seed's drafters)", "", markdown(*tables["draft_cost"]), ""]
     lines += [*report["training_notes"], ""] if report["training_notes"] else []

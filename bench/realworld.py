@@ -66,7 +66,7 @@ from deepspec_train.evaluation.seed_bootstrap import pooled_tau, seed_and_prompt
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, stop_token_ids  # noqa: E402
 from deepspec_train.evaluation.suites import Suite, load_suite  # noqa: E402
 from deepspec_train.formats.drafter_loader import load_exported_drafter  # noqa: E402
-from deepspec_train.serving_cost import REPORT_BATCHES, REPORT_GPU  # noqa: E402
+from deepspec_train.costs.serving_cost import REPORT_BATCHES, REPORT_GPU  # noqa: E402
 
 RECIPES = ("smollm2-135m-dspark", "smollm2-135m-dflash", "smollm2-135m-dflash2", "smollm2-135m-eagle3")
 REFERENCE = RECIPES[0]

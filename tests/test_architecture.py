@@ -106,7 +106,7 @@ def test_no_import_circle_in_the_package() -> None:
 
 
 def _package_of(module: str) -> str:
-    """``deepspec_train.kinds.builder`` -> ``kinds``; a top-level module (``deepspec_train.sizing``) is its own node."""
+    """``deepspec_train.kinds.builder`` -> ``kinds``; a top-level module (``deepspec_train.costs``) is its own node."""
     return module.split(".")[1] if module.count(".") >= 1 else module
 
 

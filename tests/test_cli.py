@@ -1,5 +1,5 @@
 """The `deepspec` console script: every verb is wired and answers --help; bad verbs fail; `--version`, `env`, and
-`--help` of the other entry points (train.py, ``python -m deepspec_train.sizing``) exit 0."""
+`--help` of the other entry points (train.py, ``python -m deepspec_train.costs``) exit 0."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_the_version_falls_back_to_pyproject_when_not_installed(monkeypatch: pyt
 
 @pytest.mark.parametrize(
     "command",
-    [["train.py", "--help"], ["train.py", "-h"], ["-m", "deepspec_train.sizing", "--help"]],
+    [["train.py", "--help"], ["train.py", "-h"], ["-m", "deepspec_train.costs", "--help"]],
     ids=["train.py --help", "train.py -h", "sizing --help"],
 )
 def test_help_of_the_other_entry_points_exits_zero(command: list[str]) -> None:
@@ -81,7 +81,7 @@ def test_help_of_the_other_entry_points_exits_zero(command: list[str]) -> None:
 
 
 def test_sizing_refuses_an_unknown_option_before_working() -> None:
-    proc = subprocess.run([sys.executable, "-m", "deepspec_train.sizing", "--bogus"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "deepspec_train.costs", "--bogus"], capture_output=True, text=True,
                           timeout=120, cwd=REPO)
     assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr and proc.stdout == ""
 

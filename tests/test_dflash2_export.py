@@ -21,8 +21,8 @@ from deepspec_train.kinds.layout_spec import LayoutError
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.block_drafting import DraftContext
 from deepspec_train.models.geometry import geometry_from_target_config
-from deepspec_train.serving_cost import ServedDrafter, served_recipe
-from deepspec_train.serving_kernels import RoundShape
+from deepspec_train.costs.serving_cost import ServedDrafter, served_recipe
+from deepspec_train.kinds.serving_kernels import RoundShape
 from tests.helpers.dflash2_drafters import LAYER_IDS, dflash2_config, randomize
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID
 from tests.helpers.trained_drafters import random_batch, save_tiny_target, write_training_output

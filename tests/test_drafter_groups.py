@@ -179,7 +179,7 @@ def test_a_streamed_launch_whose_drafter_ranks_do_not_split_into_the_groups_is_r
 
 
 def test_sizing_counts_every_group_s_drafter_ranks_behind_one_target_pass() -> None:
-    from deepspec_train.sizing.groups import balance_grouped, grouped_row
+    from deepspec_train.costs.groups import balance_grouped, grouped_row
 
     # A target 4 times as fast as a drafter: 1 target worker keeps up with 4 drafter ranks per group.
     split = balance_grouped({1: 4.0}, [1.0, 1.0, 2.0], gpus=16, global_batch=16)

@@ -22,7 +22,7 @@ from deepspec_train.kinds.layout_checks import TensorSpec
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
 from deepspec_train.kinds.draft_layers import DRAFT_CONFIG_CLASSES
 from deepspec_train.models.geometry import geometry_from_target_config
-from deepspec_train.sizing import FAMILY_RECIPES, reference_target_config
+from deepspec_train.costs.reference_targets import FAMILY_RECIPES, reference_target_config
 from tests.helpers.scale_checks import assert_parses_as_the_drafter
 
 # What each engine captures from each production export (decoder-layer outputs, fc column order).

@@ -1,4 +1,4 @@
-"""The modeled cost of the levers (``sizing.levers``) against the real modules and pipeline.
+"""The modeled cost of the levers (``costs.levers``) against the real modules and pipeline.
 
 - Anchor density: what a drafter step costs per supervised slot (its LM heads and Markov factor, the work that
   grows with the vocabulary) is counted by ``torch.utils.flop_counter`` on a real tiny DSpark step (forward, loss,
@@ -21,8 +21,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.parallel_drafter import ParallelDrafter
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
-from deepspec_train.sizing import nominal_anchors
-from deepspec_train.sizing.levers import recipe_lever_cost, table_costs
+from deepspec_train.costs.stream_payload import nominal_anchors
+from deepspec_train.costs.levers import recipe_lever_cost, table_costs
 from deepspec_train.training.batch_loss import DrafterLoss
 from tests.helpers.step_trainers import tiny_recipe
 from tests.helpers.tiny_geometry import BLOCK, HIDDEN, MASK_ID, TINY_GEOMETRY
@@ -106,7 +106,7 @@ def test_the_modeled_table_moves_the_way_the_levers_do() -> None:
 
 
 def test_the_command_takes_a_recipe_and_overrides_and_refuses_a_bad_key_in_one_line() -> None:
-    command = [sys.executable, "-m", "deepspec_train.sizing", "levers", "qwen3-8b"]
+    command = [sys.executable, "-m", "deepspec_train.costs", "levers", "qwen3-8b"]
     ok = subprocess.run(command + ["train.feature_reuse=4", "anchors.num_per_sequence=64"], capture_output=True,
                         text=True, check=True)
     rows = [line for line in ok.stdout.splitlines() if line.startswith("| qwen3-8b")]

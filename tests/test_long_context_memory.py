@@ -1,4 +1,4 @@
-"""The long-context memory terms of ``deepspec_train.long_context_memory`` (through ``sizing.long_context_memory``,
+"""The long-context memory terms of ``deepspec_train.costs.long_context_memory`` (through ``costs.worker_memory.long_context_memory``,
 the function the production rows use) against peaks measured on the real code paths at Qwen3-8B scale-copy widths
 on CPU (``tests/helpers/peak_memory.py``: a fresh process, glibc ``mmap`` for every large allocation, ``VmHWM``
 reset before each call). Each case is sized so that its term dominates what is measured, and
@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from deepspec_train import long_context_memory as lcm
+from deepspec_train.costs import long_context_memory as lcm
 from deepspec_train.models.reference_configs import qwen3_reference_configs
-from deepspec_train.sizing import long_context_memory, long_context_recipe, reference_target_config
+from deepspec_train.costs.reference_targets import reference_target_config
+from deepspec_train.costs.worker_memory import long_context_memory, long_context_recipe
 from tests.helpers.peak_memory import CASES, measure_cases
 
 TOLERANCE = 0.20

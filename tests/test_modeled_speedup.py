@@ -14,10 +14,10 @@ from bench.modeled_speedup import modeled_cost, scaled, speedup_ratios, speedup_
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig, TargetConfig
 from deepspec_train.evaluation.paired_bootstrap import RatioEstimate, bootstrap_tau_ratios, prompt_totals
 from deepspec_train.formats.trained_drafter import write_trained_drafter
-from deepspec_train.gpu_specs import gpu_spec
+from deepspec_train.costs.gpu_specs import gpu_spec
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import geometry_from_target_config
-from deepspec_train.serving_cost import production_counterpart, round_times
+from deepspec_train.costs.serving_cost import production_counterpart, round_times
 
 FACTORS = {"a": 0.81, "b": 0.74}
 

@@ -3,7 +3,7 @@ and Qwen3-235B-A22B, Qwen3-8B's 32K DSpark and EAGLE-3, each its 4,096-token rec
 and the sizing arithmetic behind their docs.
 
 Every recipe validates with the design values, its drafter instantiates on the meta device from the target's
-published config, its topology launches on the nodes its Slurm line names, and ``deepspec_train.sizing`` is
+published config, its topology launches on the nodes its Slurm line names, and ``deepspec_train.costs`` is
 checked against brute force: payload bytes against the tensors ``pack_sequences`` builds, target parameter
 counts against ``Qwen3ForCausalLM`` / ``Qwen3MoeForCausalLM`` on the meta device, target FLOPs (dense and routed
 experts) against ``torch.utils.flop_counter``, split rates against the routing worked out by hand.
@@ -28,20 +28,12 @@ from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, qwen3_reference_configs, reference_configs
 from deepspec_train.models.scale_targets import scale_target_config, shrink_dense_qwen3
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
-from deepspec_train.sizing import (
-    StreamedSplit,
-    balance_workers,
-    cluster_row,
-    group_plans,
-    meta_drafter,
-    nominal_anchors,
-    payload_bytes,
-    reference_target_config,
-    stream_bytes_in_flight,
-    target_active_decoder_params,
-    target_attention_params,
-    target_decoder_params,
-    target_flops_per_sequence,
+from deepspec_train.costs.gpu_split import StreamedSplit, balance_workers, group_plans
+from deepspec_train.costs.reference_targets import meta_drafter, reference_target_config
+from deepspec_train.costs.sizing_tables import cluster_row
+from deepspec_train.costs.stream_payload import nominal_anchors, payload_bytes, stream_bytes_in_flight
+from deepspec_train.costs.training_flops import (
+    target_active_decoder_params, target_attention_params, target_decoder_params, target_flops_per_sequence,
     target_total_params,
 )
 from deepspec_train.regenerate.settings import SECTION, RegenerateConfig

@@ -11,16 +11,18 @@ from torch.utils import flop_counter
 from transformers import AutoModelForCausalLM, Qwen3Config
 
 from deepspec_train.config.schema import DrafterConfig
-from deepspec_train.gpu_specs import gpu_spec
+from deepspec_train.costs.gpu_specs import gpu_spec
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.block_drafting import DraftContext
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.reference_configs import qwen3_reference_configs
-from deepspec_train.serving_cost import (
+from deepspec_train.costs.serving_cost import (
     ServedDrafter, group_seconds, main, production_counterpart, round_seconds, round_times, served_recipe,
 )
-from deepspec_train.serving_kernels import (
-    ACTIVATION_BYTES, LOGIT_BYTES, WEIGHT_BYTES, GroupRole, RoundShape, dflash2_round, parallel_round, target_round,
+from deepspec_train.kinds.dflash2_round import dflash2_round
+from deepspec_train.kinds.parallel_round import parallel_round
+from deepspec_train.kinds.serving_kernels import (
+    ACTIVATION_BYTES, LOGIT_BYTES, WEIGHT_BYTES, GroupRole, RoundShape, target_round,
 )
 
 PRODUCTION = [

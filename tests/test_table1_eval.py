@@ -234,8 +234,8 @@ def test_modeled_draft_cost_is_the_production_counterparts() -> None:
     are unknown has none."""
     from deepspec_train.evaluation.drafter_comparison import BenchDrafter
     from deepspec_train.formats.drafter_loader import LoadedDrafter
-    from deepspec_train.gpu_specs import gpu_spec
-    from deepspec_train.serving_cost import production_counterpart, round_times
+    from deepspec_train.costs.gpu_specs import gpu_spec
+    from deepspec_train.costs.serving_cost import production_counterpart, round_times
     from deepspec_train.validation import load_recipe
 
     modeled = {}

@@ -43,9 +43,9 @@ from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.evaluation.suites import Suite
 from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.formats.eval_traces import TraceRound
-from deepspec_train.gpu_specs import gpu_spec
+from deepspec_train.costs.gpu_specs import gpu_spec
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.serving_cost import REPORT_GPU, production_counterpart, round_times
+from deepspec_train.costs.serving_cost import REPORT_GPU, production_counterpart, round_times
 
 
 @dataclass

@@ -18,7 +18,7 @@ from deepspec_train.export.exporter import ExportPlan, default_layout, plan_expo
 from deepspec_train.formats.drafter_loader import LoadedDrafter
 from deepspec_train.kinds.engine_reading import ENGINES, EngineReading
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.sizing import FAMILY_RECIPES, meta_drafter, reference_target_config
+from deepspec_train.costs.reference_targets import FAMILY_RECIPES, meta_drafter, reference_target_config
 
 PRODUCTION_RECIPES = (
     *(f"qwen3-{size}{variant}" for size in ("4b", "8b", "14b") for variant in ("", "-dflash", "-eagle3")),

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig, RecipeConfig
 from deepspec_train.kinds.dflash2_layout import DFLASH2_LAYOUT
+from deepspec_train.kinds.dflash2_round import dflash2_round
 from deepspec_train.kinds.parallel import DFLASH
 from deepspec_train.kinds.spec import CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, WarmStart, unused_settings
 from deepspec_train.models.geometry import DrafterGeometry
-from deepspec_train.serving_kernels import dflash2_round
 
 if TYPE_CHECKING:
     import torch

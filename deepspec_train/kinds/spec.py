@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from deepspec_train.models.draft_vocab import DraftVocab
     from deepspec_train.models.parallel_drafter import DrafterOutput
     from deepspec_train.packing.batch import PackedBatch
-    from deepspec_train.serving_kernels import RoundShape, ServingRound
+    from deepspec_train.kinds.serving_kernels import RoundShape, ServingRound
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Measured peak memory of the real code paths behind ``deepspec_train.long_context_memory``, on CPU, at scale-copy
+"""Measured peak memory of the real code paths behind ``deepspec_train.costs.long_context_memory``, on CPU, at scale-copy
 widths: ``measure_cases(names)`` runs ``python -m tests.helpers.peak_memory NAME ...`` in a fresh process and
 returns, per case, the measured peak and the model's prediction (bytes).
 
@@ -49,12 +49,12 @@ def measured_peak(call: Callable[[], object], warm_up: Callable[[], object]) -> 
 
 
 def _setup(seq_len: int, drafter_layers: int = 5, checkpointing: bool = False):
-    """The recipe at ``seq_len`` (``sizing.long_context_recipe``) on the scale copy with 7 layers, its drafter and
+    """The recipe at ``seq_len`` (``costs.worker_memory.long_context_recipe``) on the scale copy with 7 layers, its drafter and
     the model's terms for it (the production function, at the small geometry)."""
     from deepspec_train.kinds.builder import build_drafter_for_geometry
     from deepspec_train.models.geometry import geometry_from_target_config
     from deepspec_train.models.scale_targets import scale_target_config
-    from deepspec_train.sizing import long_context_memory, long_context_recipe
+    from deepspec_train.costs.worker_memory import long_context_memory, long_context_recipe
 
     cfg = long_context_recipe(RECIPE, seq_len)
     cfg = dataclasses.replace(
@@ -71,7 +71,7 @@ def _setup(seq_len: int, drafter_layers: int = 5, checkpointing: bool = False):
 
 def _sequence(cfg, seq_len: int, hf_config, features: bool):
     from deepspec_train.packing.packer import SequenceItem
-    from deepspec_train.sizing import nominal_anchor_count, nominal_anchors
+    from deepspec_train.costs.stream_payload import nominal_anchor_count, nominal_anchors
 
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 1000, (seq_len,), generator=gen)
@@ -150,7 +150,7 @@ def loss_case(chunk_rows: int) -> dict:
     """``selected_logit_loss`` over one chunk of ``chunk_rows`` rows (Markov head, confidence head) under autocast,
     gradients included; predicted: the loss-chunk term for that chunk size."""
     from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRows, selected_logit_loss
-    from deepspec_train.sizing import long_context_memory
+    from deepspec_train.costs.worker_memory import long_context_memory
 
     cfg, hf_config, drafter, _, _ = _setup(1024)
     cfg = dataclasses.replace(cfg, loss=dataclasses.replace(cfg.loss, chunk_size=chunk_rows))

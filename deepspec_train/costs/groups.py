@@ -3,8 +3,8 @@ ranks of one group behind the same target workers, since one target forward serv
 
 ``balance_grouped`` finds the split of a cluster into target groups and ``N`` equal drafter groups with the highest
 sequence rate per group (``GroupedSplit``); ``grouped_row`` sets it against the same ``N`` recipes trained as
-separate streamed runs on an equal share of the GPUs each (``python -m deepspec_train.sizing`` prints these rows
-for ``GROUPED_RECIPES``). The FLOP and split model is the one of ``deepspec_train.sizing``.
+separate streamed runs on an equal share of the GPUs each (``python -m deepspec_train.costs`` prints these rows
+for ``GROUPED_RECIPES``). The FLOP and split model is the one of ``deepspec_train.costs``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from deepspec_train.sizing import (
-    ASSUMED_FLOPS_PER_S, GPUS_PER_NODE, StreamedSplit, balance_workers, drafter_flops_per_sequence,
-    nominal_anchor_count, recipe_and_target, target_flops_per_sequence,
-)
+from deepspec_train.costs.gpu_split import ASSUMED_FLOPS_PER_S, GPUS_PER_NODE, StreamedSplit, balance_workers
+from deepspec_train.costs.reference_targets import recipe_and_target
+from deepspec_train.costs.stream_payload import nominal_anchor_count
+from deepspec_train.costs.training_flops import drafter_flops_per_sequence, target_flops_per_sequence
 
 # The comparison the grouped table models: DSpark, DFlash and EAGLE-3 on Qwen3-8B.
 GROUPED_RECIPES = ("qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3")

@@ -1,6 +1,6 @@
-"""``python -m deepspec_train.sizing``: print the docs' sizing tables (markdown) from ``deepspec_train.sizing`` and
-``deepspec_train.sizing.groups``; ``python -m deepspec_train.sizing levers [recipe] [key=value ...]``: the modeled
-cost of anchor density and feature reuse (``deepspec_train.sizing.levers``). A module of its own so that the
+"""``python -m deepspec_train.costs``: print the docs' sizing tables (markdown) from ``deepspec_train.costs.sizing_tables``
+and ``deepspec_train.costs.groups``; ``python -m deepspec_train.costs levers [recipe] [key=value ...]``: the modeled
+cost of anchor density and feature reuse (``deepspec_train.costs.levers``). A module of its own so that the
 grouped accounting can build on the sizing model while the table printer reads both (no import cycle)."""
 
 from __future__ import annotations
@@ -9,10 +9,11 @@ import argparse
 from typing import Any
 
 from deepspec_train.common.errors import UserError, one_line
-from deepspec_train.gpu_specs import GPUS
-from deepspec_train.sizing import FAMILY_RECIPES, cluster_row, long_context_rows, sizing_row
-from deepspec_train.sizing import levers as levers_module
-from deepspec_train.sizing.groups import GROUPED_RECIPES, grouped_row
+from deepspec_train.costs import levers as levers_module
+from deepspec_train.costs.gpu_specs import GPUS
+from deepspec_train.costs.groups import GROUPED_RECIPES, grouped_row
+from deepspec_train.costs.reference_targets import FAMILY_RECIPES
+from deepspec_train.costs.sizing_tables import cluster_row, long_context_rows, sizing_row
 
 
 def _print_table(columns: list[tuple[str, str]], rows: list[dict[str, Any]]) -> None:
@@ -72,7 +73,7 @@ def main() -> None:
 if __name__ == "__main__":
     # The tables take no option (``levers`` takes a recipe and overrides): parsing answers --help (exit 0) and
     # refuses anything else before the work starts.
-    parser = argparse.ArgumentParser(prog="python -m deepspec_train.sizing", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deepspec_train.costs", description=main.__doc__)
     commands = parser.add_subparsers(dest="command")
     levers = commands.add_parser("levers", help="the modeled cost of anchor density and feature reuse",
                                  description=levers_module.__doc__.split("\n\n")[0])

@@ -1,7 +1,7 @@
 """Serving cost of a drafter at the widths it is served at, and the speedup it buys, modeled on named GPUs.
 
-    python -m deepspec_train.serving_cost                    # the tables of docs/explanation/drafter_quality.md
-    python -m deepspec_train.serving_cost --context 4096 --draft-topk 64
+    python -m deepspec_train.costs.serving_cost                    # the tables of docs/explanation/drafter_quality.md
+    python -m deepspec_train.costs.serving_cost --context 4096 --draft-topk 64
 
 Per verification round, the drafter's kind lists its sequential kernel groups with the bytes each reads and
 writes and its FLOPs (``DrafterKind.serving_round``, built from ``serving_kernels``); the target's verification
@@ -29,10 +29,10 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig
-from deepspec_train.gpu_specs import GPUS, GpuSpec, gpu_spec
+from deepspec_train.costs.gpu_specs import GPUS, GpuSpec, gpu_spec
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
-from deepspec_train.serving_kernels import KernelGroup, RoundShape, ServingRound, target_round
+from deepspec_train.kinds.serving_kernels import KernelGroup, RoundShape, ServingRound, target_round
 
 # The recipes whose widths a counterpart takes, one per drafter kind.
 PRODUCTION_RECIPES = ("qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3", "qwen3-8b-dflash2")
@@ -69,7 +69,7 @@ class ServedDrafter:
 
 def served_recipe(recipe: str, overrides: Optional[list[str]] = None, name: Optional[str] = None) -> ServedDrafter:
     """A production recipe's drafter at its target's published widths (``models.reference_configs``)."""
-    from deepspec_train.sizing import reference_target_config
+    from deepspec_train.costs.reference_targets import reference_target_config
     from deepspec_train.validation import load_recipe
 
     cfg = load_recipe(recipe, overrides, check_target=False)

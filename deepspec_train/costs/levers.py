@@ -2,17 +2,17 @@
 density (``anchors.num_per_sequence`` / ``anchors.per_1k_tokens``), feature reuse (``train.feature_reuse`` R) and
 the drafter's start from target layers (``drafter.init_from_target_layers``, no cost per step: a copy at start).
 
-    python -m deepspec_train.sizing levers                      # the docs' table: qwen3-8b, anchors x R
-    python -m deepspec_train.sizing levers qwen3-8b train.feature_reuse=4 anchors.num_per_sequence=64
-    python -m deepspec_train.sizing levers qwen3-8b-eagle3 --seq-len 4096 --gpu H200
+    python -m deepspec_train.costs levers                      # the docs' table: qwen3-8b, anchors x R
+    python -m deepspec_train.costs levers qwen3-8b train.feature_reuse=4 anchors.num_per_sequence=64
+    python -m deepspec_train.costs levers qwen3-8b-eagle3 --seq-len 4096 --gpu H200
 
 A model, not a measurement. One optimizer step trains ``train.global_batch_sequences`` nominal sequences of
-``seq_len`` tokens, fully supervised (``sizing``'s nominal packing). The target runs one pass over a step's
-sequences every R steps (``training.feature_source.PassReplay``): ``target_flops_per_sequence`` per sequence, forward only.
+``seq_len`` tokens, fully supervised (``costs.stream_payload``'s nominal packing). The target runs one pass over a
+step's sequences every R steps (``training.feature_source.PassReplay``): ``target_flops_per_sequence`` per sequence, forward only.
 The drafter runs every step: its kind's forward + backward FLOPs (``drafter_flops_per_sequence``), which grow with
 the anchors through the work at supervised block slots (LM heads over the vocabulary, Markov factor), the block
 slots' layer passes and their attention; ``heads_share`` is the part of it that the supervised slots cost (the
-kind's count with the slots left out, subtracted). Seconds are FLOPs at ``sizing.ASSUMED_FLOPS_PER_S``'s
+kind's count with the slots left out, subtracted). Seconds are FLOPs at ``costs.gpu_split.ASSUMED_FLOPS_PER_S``'s
 utilisation of the GPU's dense bf16 peak (``gpu_specs``; H100 and H200 have the same peak, so the same seconds); GPU-seconds add
 over GPUs, so they do not depend on how many GPUs share a step (communication and memory traffic not modelled).
 
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.gpu_specs import GPUS, GpuSpec, gpu_spec
+from deepspec_train.costs.gpu_specs import GPUS, GpuSpec, gpu_spec
 from deepspec_train.kinds.registry import kind_spec
-from deepspec_train.sizing import (
-    ASSUMED_FLOPS_PER_S, GPUS_PER_NODE, drafter_flops_per_sequence, nominal_anchor_count, nominal_anchors,
-    payload_bytes, reference_target_config, target_flops_per_sequence,
-)
+from deepspec_train.costs.gpu_split import ASSUMED_FLOPS_PER_S, GPUS_PER_NODE
+from deepspec_train.costs.reference_targets import reference_target_config
+from deepspec_train.costs.stream_payload import nominal_anchor_count, nominal_anchors, payload_bytes
+from deepspec_train.costs.training_flops import drafter_flops_per_sequence, target_flops_per_sequence
 
 # The fraction of a GPU's dense bf16 peak the sizing tables assume (0.4 of an H100's).
 ASSUMED_UTILISATION = ASSUMED_FLOPS_PER_S / GPUS["H100"].bf16_dense_flops_per_s

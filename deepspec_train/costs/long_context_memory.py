@@ -1,6 +1,6 @@
 """Per-GPU memory of a target rank and of a drafter rank at long context (8K / 32K / 128K tokens), as named terms.
 
-Printed by ``python -m deepspec_train.sizing`` (its long-context section) and tabulated in
+Printed by ``python -m deepspec_train.costs`` (its long-context section) and tabulated in
 ``docs/howto/train_qwen3_8b.md``; every term is checked against a measured peak of the real modules at scale-copy widths
 (``tests/test_long_context_memory.py``). Bytes are counted from what the code allocates, op by op:
 
