@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import get_args
 
 from deepspec_train.config.schema import LABEL_CONVENTIONS, MARKOV_HEAD_TYPES, DrafterKindName
-from deepspec_train.kinds.engine_reading import ENGINES
-from deepspec_train.kinds.layout_registry import LAYOUTS
+from deepspec_train.serving_layouts.engine_reading import ENGINES
+from deepspec_train.serving_layouts.layout_registry import LAYOUTS
 from deepspec_train.kinds.registry import KINDS
 from deepspec_train.models.markov_forms import MARKOV_FORMS
 
@@ -34,7 +34,8 @@ KIND_PLACES = {"config/schema.py", "kinds/parallel.py", "kinds/eagle3.py", "kind
 # Layout names and the architectures that identify them; only the layout records may test for one.
 LAYOUT_NAMES = set(LAYOUTS) | {spec.architecture for spec in LAYOUTS.values()}
 LAYOUT_PLACES = {
-    "kinds/dspark_layout.py", "kinds/speculators_dspark_layout.py", "kinds/zlab_dflash_layout.py", "kinds/eagle3_layout.py",
+    "serving_layouts/dspark_layout.py", "serving_layouts/speculators_dspark_layout.py",
+    "serving_layouts/zlab_dflash_layout.py", "serving_layouts/eagle3_layout.py",
 }
 
 

@@ -16,8 +16,8 @@ from deepspec_train.config.schema import RecipeConfig, TargetConfig
 from deepspec_train.export.engine_rules import check_engines, check_export_dir
 from deepspec_train.export.exporter import export_drafter, plan_export
 from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
-from deepspec_train.kinds.layout_registry import validate_layout
-from deepspec_train.kinds.layout_spec import LayoutError
+from deepspec_train.serving_layouts.layout_registry import validate_layout
+from deepspec_train.serving_layouts.layout_spec import LayoutError
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.block_drafting import DraftContext
 from deepspec_train.models.geometry import geometry_from_target_config

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 from deepspec_train.export.engine_rules import EngineRuleError, check_engines, engine_reading
-from deepspec_train.kinds.engine_reading import captured_decoder_layers
-from deepspec_train.kinds.layout_checks import TensorSpec
+from deepspec_train.serving_layouts.engine_reading import captured_decoder_layers
+from deepspec_train.serving_layouts.layout_checks import TensorSpec
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, capture_table, production_export_plan
-from deepspec_train.kinds.draft_layers import DRAFT_CONFIG_CLASSES
+from deepspec_train.serving_layouts.draft_layers import DRAFT_CONFIG_CLASSES
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.costs.reference_targets import FAMILY_RECIPES, reference_target_config
 from tests.helpers.scale_checks import assert_parses_as_the_drafter

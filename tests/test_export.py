@@ -18,14 +18,14 @@ from safetensors.torch import load_file, save_file
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.export.exporter import export_drafter, plan_export, write_confidence_temperatures
-from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
-from deepspec_train.kinds.engine_reading import EngineReading, captured_decoder_layers
-from deepspec_train.kinds.eagle3_layout import layer_ids_from_eagle3_config, vllm_eagle3_layer_ids
-from deepspec_train.kinds.layout_checks import ConfigCheck
-from deepspec_train.kinds.layout_registry import LAYOUTS, validate_layout
+from deepspec_train.serving_layouts.dspark_layout import DSPARK_LAYOUT
+from deepspec_train.serving_layouts.engine_reading import EngineReading, captured_decoder_layers
+from deepspec_train.serving_layouts.eagle3_layout import layer_ids_from_eagle3_config, vllm_eagle3_layer_ids
+from deepspec_train.serving_layouts.layout_checks import ConfigCheck
+from deepspec_train.serving_layouts.layout_registry import LAYOUTS, validate_layout
 from deepspec_train.kinds.parallel import DSPARK
 from deepspec_train.kinds.registry import KINDS
-from deepspec_train.kinds.layout_spec import LayoutError
+from deepspec_train.serving_layouts.layout_spec import LayoutError
 from deepspec_train.formats.drafter_loader import LoadedDrafter, load_exported_drafter, read_tensor_specs
 from deepspec_train.models.draft_vocab import DraftVocab
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids

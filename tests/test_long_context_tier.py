@@ -44,7 +44,7 @@ from deepspec_train.formats.trained_drafter import read_trained_drafter
 from deepspec_train.jobs.assembly import load_token_datasets
 from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.jobs.run import run_training
-from deepspec_train.kinds.engine_reading import ENGINES
+from deepspec_train.serving_layouts.engine_reading import ENGINES
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.scale_targets import scale_target_config

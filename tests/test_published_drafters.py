@@ -19,8 +19,8 @@ from deepspec_train.validation import recipe_and_kind_problems as recipe_problem
 from deepspec_train.export.exporter import plan_export
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.published_drafters import PICKLE_WEIGHTS, SHARD_INDEX
-from deepspec_train.kinds.eagle3_layout import PUBLISHED_EMBEDDING as EAGLE3_EMBEDDING
-from deepspec_train.kinds.eagle3_layout import complete_published_eagle3 as complete_eagle3_checkpoint
+from deepspec_train.serving_layouts.eagle3_layout import PUBLISHED_EMBEDDING as EAGLE3_EMBEDDING
+from deepspec_train.serving_layouts.eagle3_layout import complete_published_eagle3 as complete_eagle3_checkpoint
 from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config

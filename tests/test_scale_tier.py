@@ -61,8 +61,8 @@ from deepspec_train.config.loader import config_to_dict
 from deepspec_train.validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import EngineRuleError, check_export_dir
-from deepspec_train.kinds.engine_reading import ENGINES
-from deepspec_train.kinds.layout_registry import layout_of_config
+from deepspec_train.serving_layouts.engine_reading import ENGINES
+from deepspec_train.serving_layouts.layout_registry import layout_of_config
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter

@@ -18,7 +18,9 @@ import pytest
 from safetensors.numpy import save_file
 
 from deepspec_train.common.errors import UserError
-from deepspec_train.common.model_folders import check_drafter_folder, check_target_folder, is_hub_id, safetensors_problem
+from deepspec_train.common.model_folders import (
+    check_drafter_folder, check_target_folder, is_hub_id, safetensors_problem,
+)
 from tests.helpers.checkable_target import write_bad_weights, write_chat_rows, write_checkable_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,8 +28,8 @@ from deepspec_train.common.output_paths import check_output_dir, ensure_output_d
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts
 from deepspec_train.export.engine_rules import check_export_dir, describe
 from deepspec_train.export.exporter import DTYPES, export_drafter
-from deepspec_train.kinds.engine_reading import ENGINES
-from deepspec_train.kinds.layout_registry import LAYOUTS
+from deepspec_train.serving_layouts.engine_reading import ENGINES
+from deepspec_train.serving_layouts.layout_registry import LAYOUTS
 from deepspec_train.common.model_folders import check_drafter_folder, check_target_folder
 
 

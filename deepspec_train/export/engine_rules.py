@@ -6,8 +6,8 @@ would read differently from how the drafter was trained; tests check every produ
     reading = engine_reading("sglang", config, tensors, target_config)            # one engine, no trained ids
     readings = check_export_dir("exports/qwen3-8b-dspark", "models/Qwen3-8B")
 
-The facts per layout are its ``ServingLayout`` record's engine readers (``kinds/*_layout.py``; the facts all
-layouts share are ``kinds.engine_reading``'s); this module runs them, compares what each engine captures with the
+The facts per layout are its ``ServingLayout`` record's engine readers (``serving_layouts/*_layout.py``; the facts all
+layouts share are ``serving_layouts.engine_reading``'s); this module runs them, compares what each engine captures with the
 taps the drafter was trained on, and turns the problems into one refusal. Before a layout's reader runs, the
 target's family record (``families``) says whether the engine's model class of that target captures features for
 the layout's drafters at all; an architecture it does not serve, or one no record covers, is named as such and the
@@ -23,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from deepspec_train.export.engine_files import STS_FILENAME
-from deepspec_train.kinds.engine_reading import ENGINES, EngineReading, ServePaths, architecture_unserved, target_facts
-from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
-from deepspec_train.kinds.layout_checks import TensorSpec
+from deepspec_train.serving_layouts.engine_reading import (
+    ENGINES, EngineReading, ServePaths, architecture_unserved, target_facts,
+)
+from deepspec_train.serving_layouts.layout_registry import layout_of_config, serving_layout, validate_layout
+from deepspec_train.serving_layouts.layout_checks import TensorSpec
 
 
 class EngineRuleError(ValueError):

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deepspec_train.export.engine_rules import EngineReading, describe
-from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout
+from deepspec_train.serving_layouts.layout_registry import layout_of_config, serving_layout
 
 README_FILE = "README.md"
 

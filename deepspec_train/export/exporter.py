@@ -8,11 +8,11 @@ needed fields) before a single byte is written; a plan with a missing field or t
 engine would misread is refused. Next to the weights go a README.md (per engine: what it captures, the serve
 lines), the SGLang STS file when a calibration is given, and the layout's companion files (the z-lab layout's
 ``dflash.py`` modeling file, which ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` loads). Everything
-that depends on the layout comes from its ``ServingLayout`` record (``kinds.layout_registry``).
+that depends on the layout comes from its ``ServingLayout`` record (``serving_layouts.layout_registry``).
 
 The config is the target's minus the fields that would change the drafter the engines build (its
 ``quantization_config``, ``auto_map``, legacy ``rope_scaling``), with the drafter's own layer fields written out
-(``kinds.draft_layers``: ``head_dim``, no attention bias, SiLU, the one RoPE its layers use) and the layout's
+(``serving_layouts.draft_layers``: ``head_dim``, no attention bias, SiLU, the one RoPE its layers use) and the layout's
 ``model_type`` (``qwen3``; EAGLE-3 ``llama``), never the target family's: vLLM turns a ``deepseek_v3`` draft
 config into a DeepSeek MTP draft, and each family's config class fills in its own defaults.
 
@@ -55,9 +55,9 @@ from deepspec_train.formats.drafter_loader import (
     read_tensor_specs,
     resolve_drafter_dir,
 )
-from deepspec_train.kinds.draft_layers import TARGET_ONLY_FIELDS, drafter_layer_fields
-from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
-from deepspec_train.kinds.layout_spec import LayoutError, WrittenDrafter
+from deepspec_train.serving_layouts.draft_layers import TARGET_ONLY_FIELDS, drafter_layer_fields
+from deepspec_train.serving_layouts.layout_registry import layout_of_config, serving_layout, validate_layout
+from deepspec_train.serving_layouts.layout_spec import LayoutError, WrittenDrafter
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.geometry import DrafterGeometry, geometry_from_target_config
 from deepspec_train.target.head_weights import load_head_weights

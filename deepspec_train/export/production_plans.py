@@ -16,7 +16,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import check_engines
 from deepspec_train.export.exporter import ExportPlan, default_layout, plan_export
 from deepspec_train.formats.drafter_loader import LoadedDrafter
-from deepspec_train.kinds.engine_reading import ENGINES, EngineReading
+from deepspec_train.serving_layouts.engine_reading import ENGINES, EngineReading
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.costs.reference_targets import FAMILY_RECIPES, meta_drafter, reference_target_config
 

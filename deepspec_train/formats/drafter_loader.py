@@ -1,4 +1,4 @@
-"""Rebuild a drafter module from an export (any layout in ``kinds.layout_registry``) or from a training output dir.
+"""Rebuild a drafter module from an export (any layout in ``serving_layouts.layout_registry``) or from a training output dir.
 
 ``load_exported_drafter(path)`` accepts:
 
@@ -35,9 +35,9 @@ from torch import nn
 
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.formats.published_drafters import check_fits_target, read_drafter_weights
-from deepspec_train.kinds.eagle3_layout import check_draft_vocab
-from deepspec_train.kinds.layout_registry import layout_of_config, serving_layout, validate_layout
-from deepspec_train.kinds.layout_checks import TensorSpec
+from deepspec_train.serving_layouts.eagle3_layout import check_draft_vocab
+from deepspec_train.serving_layouts.layout_registry import layout_of_config, serving_layout, validate_layout
+from deepspec_train.serving_layouts.layout_checks import TensorSpec
 from deepspec_train.formats.trained_drafter import is_trained_drafter_dir, read_trained_drafter
 from deepspec_train.kinds.registry import kind_of_export, kind_spec
 from deepspec_train.models.draft_vocab import stored_draft_vocab

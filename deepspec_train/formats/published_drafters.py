@@ -21,7 +21,7 @@ from typing import Any, Mapping
 import torch
 from safetensors.torch import load_file
 
-from deepspec_train.kinds.layout_checks import PublishedDrafterError
+from deepspec_train.serving_layouts.layout_checks import PublishedDrafterError
 
 SAFETENSORS_WEIGHTS = "model.safetensors"
 SHARD_INDEX = "model.safetensors.index.json"

@@ -1,1 +1,3 @@
-"""Drafter kinds (DSpark, DFlash, EAGLE-3): one record per kind that answers every kind-dependent question."""
+"""Drafter kinds (DSpark, DFlash, EAGLE-3, DFlash2): one record per kind that answers every kind-dependent question,
+each with its serving round beside it, and the drafter builder. The serving layouts the kinds export to are records
+of their own (``deepspec_train.serving_layouts``)."""

@@ -8,7 +8,7 @@ decay-weighted CE + distance terms) plus ``selector_loss_weight`` times the K-wa
 true next token given the true predecessor (``models.dflash2_selector_loss``). It warm-starts from a trained DFlash of
 the same shape (``drafter.init_from``): the convolutions start as the identity and the selector's pairwise term at
 zero, so the start drafts like the DFlash restricted to its top-K. It exports in the ``dflash2`` layout
-(``kinds.dflash2_layout``).
+(``serving_layouts.dflash2_layout``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig, RecipeConfig
-from deepspec_train.kinds.dflash2_layout import DFLASH2_LAYOUT
+from deepspec_train.serving_layouts.dflash2_layout import DFLASH2_LAYOUT
 from deepspec_train.kinds.dflash2_round import dflash2_round
 from deepspec_train.kinds.parallel import DFLASH
 from deepspec_train.kinds.spec import CONFIDENCE_SETTINGS, MARKOV_SETTINGS, DrafterKind, WarmStart, unused_settings

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DrafterConfig, RecipeConfig
 from deepspec_train.families.records import eagle3_layer_ids
-from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT, NUM_FUSED_LAYERS
+from deepspec_train.serving_layouts.eagle3_layout import EAGLE3_LAYOUT, NUM_FUSED_LAYERS
 from deepspec_train.kinds.eagle3_round import eagle3_round
 from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, DFLASH2_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops,

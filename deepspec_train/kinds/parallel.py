@@ -13,14 +13,14 @@ from collections.abc import Mapping, MutableMapping
 from typing import TYPE_CHECKING, Optional
 
 from deepspec_train.config.schema import DSPARK_LABELS, ZLAB_LABELS, DrafterConfig, RecipeConfig
-from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
+from deepspec_train.serving_layouts.dspark_layout import DSPARK_LAYOUT
 from deepspec_train.kinds.parallel_round import parallel_round
-from deepspec_train.kinds.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
+from deepspec_train.serving_layouts.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
 from deepspec_train.kinds.spec import (
     CONFIDENCE_SETTINGS, DFLASH2_SETTINGS, MARKOV_SETTINGS, DrafterKind, LossInputs, layer_stack_flops,
     unused_settings,
 )
-from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
+from deepspec_train.serving_layouts.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
 from deepspec_train.models.geometry import DrafterGeometry
 
 if TYPE_CHECKING:

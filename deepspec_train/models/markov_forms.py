@@ -19,7 +19,7 @@ from typing import Any, Optional
 
 from deepspec_train.config.schema import VANILLA_MARKOV_HEAD
 
-# The serving engines (``kinds.engine_reading.ENGINES``; a test ties the two).
+# The serving engines (``serving_layouts.engine_reading.ENGINES``; a test ties the two).
 VLLM, SGLANG = "vllm", "sglang"
 
 

@@ -56,7 +56,7 @@ python bench/quality.py --tinyworld "$TINYWORLD" --out "$RUNS" --recipes "${RECI
 stamp "calibrating tiny-dspark's confidence head on the validation prompts' rounds"
 deepspec calibrate --traces "$RUNS/traces/tiny-dspark_calibration.jsonl" --out "$RUNS/groups/tiny-dspark-seed0/calibration"
 
-# DFlash2 drafts in the engines' 1 + N layout only (kinds/dflash2_layout.py): its export is DFlash2DraftModel.
+# DFlash2 drafts in the engines' 1 + N layout only (serving_layouts/dflash2_layout.py): its export is DFlash2DraftModel.
 declare -A LAYOUT=([tiny-dspark]=dspark [tiny-dflash]=dspark [tiny-eagle3]=eagle3 [tiny-dspark-vanilla]=dspark
                    [tiny-dflash2]=dflash2)
 for recipe in "${RECIPES[@]}"; do

@@ -1,7 +1,7 @@
 """The serving layouts the pipeline knows, by name, and the one validation that exporter and loader both run.
 
 ``serving_layout(name)`` is how every other module asks a question whose answer depends on the layout (see
-``kinds.layout_spec``); ``layout_of_config(config)`` names the layout an exported config.json is in. A new layout is
+``serving_layouts.layout_spec``); ``layout_of_config(config)`` names the layout an exported config.json is in. A new layout is
 one more record here.
 
 ``validate_layout(layout, config, tensors)`` checks a config dict and a name -> tensor (or ``TensorSpec``) map
@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from deepspec_train.kinds.dflash2_layout import DFLASH2_LAYOUT
-from deepspec_train.kinds.dspark_layout import DSPARK_LAYOUT
-from deepspec_train.kinds.eagle3_layout import EAGLE3_LAYOUT
-from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
-from deepspec_train.kinds.layout_spec import LayoutError, ServingLayout
-from deepspec_train.kinds.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
-from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
+from deepspec_train.serving_layouts.dflash2_layout import DFLASH2_LAYOUT
+from deepspec_train.serving_layouts.dspark_layout import DSPARK_LAYOUT
+from deepspec_train.serving_layouts.eagle3_layout import EAGLE3_LAYOUT
+from deepspec_train.serving_layouts.layout_checks import ConfigCheck, TensorSpec
+from deepspec_train.serving_layouts.layout_spec import LayoutError, ServingLayout
+from deepspec_train.serving_layouts.speculators_dspark_layout import SPECULATORS_DSPARK_LAYOUT
+from deepspec_train.serving_layouts.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT
 
 LAYOUTS: dict[str, ServingLayout] = {
     spec.name: spec

@@ -33,16 +33,16 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig
-from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
-from deepspec_train.kinds.engine_reading import EngineReading, ServePaths, TargetFacts
-from deepspec_train.kinds.layout_checks import (
+from deepspec_train.serving_layouts.draft_layers import QWEN3_MODEL_TYPE
+from deepspec_train.serving_layouts.engine_reading import EngineReading, ServePaths, TargetFacts
+from deepspec_train.serving_layouts.layout_checks import (
     ConfigCheck, Geometry, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
-from deepspec_train.kinds.layout_spec import (
+from deepspec_train.serving_layouts.layout_spec import (
     ExportReading, WrittenDrafter, holds_any, no_companion_files, no_readme_section,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, always_served, block_layout_engines
-from deepspec_train.kinds.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT, sglang_serve, vllm_serve
+from deepspec_train.serving_layouts.parallel_engine_readers import BlockServing, always_served, block_layout_engines
+from deepspec_train.serving_layouts.zlab_dflash_layout import ZLAB_DFLASH_LAYOUT, sglang_serve, vllm_serve
 
 NAME = "dflash2"
 # The DFlash2 keys of ``dflash_config``, each an integer >= 1 (vLLM indexes them without a default).

@@ -23,18 +23,18 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DSPARK_LABELS, DrafterConfig
 from deepspec_train.families.records import BLOCK_CAPTURE
-from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
-from deepspec_train.kinds.engine_reading import (
+from deepspec_train.serving_layouts.draft_layers import QWEN3_MODEL_TYPE
+from deepspec_train.serving_layouts.engine_reading import (
     SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
 )
-from deepspec_train.kinds.layout_checks import (
+from deepspec_train.serving_layouts.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
-from deepspec_train.kinds.layout_spec import (
+from deepspec_train.serving_layouts.layout_spec import (
     ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, no_companion_files, no_readme_section,
     published_as_is, stacked_depth,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
+from deepspec_train.serving_layouts.parallel_engine_readers import BlockServing, block_layout_engines
 from deepspec_train.models.markov_forms import (
     DEFAULT_FORM, MARKOV_FORMS, SGLANG, VLLM, find_form, forms_served_by, served_by,
 )
@@ -50,7 +50,7 @@ def dspark_fields(drafter: WrittenDrafter) -> dict[str, Any]:
     module = drafter.module
     confidence = module.confidence_head is not None
     fields = {
-        # DeepSpec's release is a Qwen3 config; any other model type is parsed as its family's (kinds.draft_layers).
+        # DeepSpec's release is a Qwen3 config; any other model type is parsed as its family's (serving_layouts.draft_layers).
         "model_type": QWEN3_MODEL_TYPE,
         "num_target_layers": module.geometry.num_target_layers,
         "block_size": drafter.block_size,

@@ -3,7 +3,7 @@
 Slot ``j >= 1`` of a block drafts the token at its own position, so a block of B drafts B - 1 tokens (vLLM's
 ``dflash`` method and SGLang's DFLASH). ``dflash_config`` holds the mask token and the taps, in our convention (both
 engines add 1 inside). ``embed_tokens`` / ``lm_head`` are not stored: the engines use the target's. Next to the
-weights goes ``dflash.py`` (``kinds/zlab_dflash_modeling.py``), which config.json's ``auto_map`` points
+weights goes ``dflash.py`` (``serving_layouts/zlab_dflash_modeling.py``), which config.json's ``auto_map`` points
 ``AutoModel`` at, so that ``AutoModel.from_pretrained(DIR, trust_remote_code=True)`` builds this drafter (without
 it transformers silently builds a plain ``Qwen3Model``).
 """
@@ -16,17 +16,17 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import ZLAB_LABELS, DrafterConfig
 from deepspec_train.families.records import BLOCK_CAPTURE
-from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE
-from deepspec_train.kinds.engine_reading import (
+from deepspec_train.serving_layouts.draft_layers import QWEN3_MODEL_TYPE
+from deepspec_train.serving_layouts.engine_reading import (
     EngineReading, ServePaths, TargetFacts, sglang_launch, speculative_config,
 )
-from deepspec_train.kinds.layout_checks import (
+from deepspec_train.serving_layouts.layout_checks import (
     ConfigCheck, TensorSpec, config_geometry, mask_in_vocab, parallel_backbone,
 )
-from deepspec_train.kinds.layout_spec import (
+from deepspec_train.serving_layouts.layout_spec import (
     ExportReading, ServingLayout, WrittenDrafter, holds_full_vocabulary, published_as_is, stacked_depth,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, always_served, block_layout_engines
+from deepspec_train.serving_layouts.parallel_engine_readers import BlockServing, always_served, block_layout_engines
 
 if TYPE_CHECKING:
     from torch import nn

@@ -4,8 +4,8 @@ A serving layout is the format one family of serving-engine loaders reads (confi
 decision that depends on the layout goes through its record instead of a ``layout == ...`` switch: the
 architecture name that identifies it, the config fields the exporter writes and the validator requires, the tensors
 it stores, requires and leaves out, what each engine (vLLM, SGLang) captures from it and refuses, and how the
-project's loader turns an export back into drafter settings. The records live in ``kinds/dspark_layout.py``,
-``kinds/zlab_dflash_layout.py`` and ``kinds/eagle3_layout.py``; ``kinds/layout_registry.py`` looks them up. Which
+project's loader turns an export back into drafter settings. The records live in ``serving_layouts/dspark_layout.py``,
+``serving_layouts/zlab_dflash_layout.py`` and ``serving_layouts/eagle3_layout.py``; ``serving_layouts/layout_registry.py`` looks them up. Which
 drafter kinds export to which layout is the kinds' ``layouts`` (``kinds.spec``).
 
 Layer ids. Our ``target_layer_ids`` are 0-indexed decoder layers: id ``k`` is the output of decoder layer ``k``,
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 from deepspec_train.config.schema import DrafterConfig
-from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
+from deepspec_train.serving_layouts.layout_checks import ConfigCheck, TensorSpec
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from deepspec_train.kinds.engine_reading import EngineReading, ServePaths, TargetFacts
+    from deepspec_train.serving_layouts.engine_reading import EngineReading, ServePaths, TargetFacts
 
 
 class LayoutError(ValueError):

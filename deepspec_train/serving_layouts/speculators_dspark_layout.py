@@ -31,15 +31,19 @@ from collections.abc import Mapping
 from typing import Any, Optional
 
 from deepspec_train.families.records import BLOCK_CAPTURE
-from deepspec_train.kinds.draft_layers import QWEN3_MODEL_TYPE, RAW_FIELDS, drafter_layer_fields, layer_config_problems
-from deepspec_train.kinds.dspark_layout import check_dspark_config, dspark_fields, read_dspark_config
-from deepspec_train.kinds.engine_reading import SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, speculative_config
-from deepspec_train.kinds.layout_checks import ConfigCheck, TensorSpec
-from deepspec_train.kinds.layout_spec import (
+from deepspec_train.serving_layouts.draft_layers import (
+    QWEN3_MODEL_TYPE, RAW_FIELDS, drafter_layer_fields, layer_config_problems,
+)
+from deepspec_train.serving_layouts.dspark_layout import check_dspark_config, dspark_fields, read_dspark_config
+from deepspec_train.serving_layouts.engine_reading import (
+    SAMPLE_METHOD, EngineReading, ServePaths, TargetFacts, speculative_config,
+)
+from deepspec_train.serving_layouts.layout_checks import ConfigCheck, TensorSpec
+from deepspec_train.serving_layouts.layout_spec import (
     ExportReading, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section, published_as_is,
     stacked_depth,
 )
-from deepspec_train.kinds.parallel_engine_readers import BlockServing, block_layout_engines
+from deepspec_train.serving_layouts.parallel_engine_readers import BlockServing, block_layout_engines
 from deepspec_train.models.markov_forms import DEFAULT_FORM, VLLM, served_by
 
 NAME = "speculators-dspark"

@@ -21,8 +21,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from deepspec_train.config.schema import DrafterConfig
 from deepspec_train.families.records import EAGLE3_CAPTURE
-from deepspec_train.kinds.draft_layers import LLAMA_MODEL_TYPE, layer_config_problems, shared_embedding_problems
-from deepspec_train.kinds.engine_reading import (
+from deepspec_train.serving_layouts.draft_layers import (
+    LLAMA_MODEL_TYPE, layer_config_problems, shared_embedding_problems,
+)
+from deepspec_train.serving_layouts.engine_reading import (
     EngineReading,
     ServePaths,
     TargetFacts,
@@ -34,10 +36,10 @@ from deepspec_train.kinds.engine_reading import (
     speculative_config,
     vllm_capture_points,
 )
-from deepspec_train.kinds.layout_checks import (
+from deepspec_train.serving_layouts.layout_checks import (
     ConfigCheck, PublishedDrafterError, TensorSpec, config_geometry, decoder_layer_tensors,
 )
-from deepspec_train.kinds.layout_spec import (
+from deepspec_train.serving_layouts.layout_spec import (
     ExportReading, LayoutError, ServingLayout, WrittenDrafter, holds_any, no_companion_files, no_readme_section,
 )
 

@@ -3,7 +3,7 @@
 ``TensorSpec`` is a tensor's shape and dtype, what a layout requires of each tensor (read from a safetensors header
 or a module on the meta device, no data needed). ``ConfigCheck`` reads required fields of a config dict and collects
 one line per problem (missing, wrong type, out of range) instead of stopping at the first, so an export is refused
-with everything wrong in it. The layout records (``kinds/*_layout.py``) use it in their ``check``;
+with everything wrong in it. The layout records (``serving_layouts/*_layout.py``) use it in their ``check``;
 ``config_geometry`` reads the target geometry every layout repeats, ``decoder_layer_tensors`` / ``parallel_backbone``
 are the tensors of a Qwen3 / Llama decoder layer and of the DSpark / DFlash backbone (names and shapes:
 docs/reference/file_formats.md).

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from deepspec_train.kinds.draft_layers import layer_config_problems, shared_embedding_problems
-from deepspec_train.kinds.engine_reading import (
+from deepspec_train.serving_layouts.draft_layers import layer_config_problems, shared_embedding_problems
+from deepspec_train.serving_layouts.engine_reading import (
     EngineReading,
     ServePaths,
     TargetFacts,
@@ -23,7 +23,7 @@ from deepspec_train.kinds.engine_reading import (
     draft_vocab_problems,
     vllm_capture_points,
 )
-from deepspec_train.kinds.layout_spec import EngineReader
+from deepspec_train.serving_layouts.layout_spec import EngineReader
 
 Config = Mapping[str, Any]
 
@@ -43,7 +43,7 @@ class BlockServing:
     """One engine's view of one block-drafter layout: ``unserved(config)`` says why the engine does not serve an
     export (None: it does); ``serve(reading, config, tensors, target, paths)`` adds the layout's problems, notes
     and serve command lines to a served export's reading; ``layers(engine, config, tensors)`` says how the engine
-    would build the drafter's layers differently (``kinds.draft_layers``)."""
+    would build the drafter's layers differently (``serving_layouts.draft_layers``)."""
 
     unserved: Callable[[Config], Optional[str]]
     serve: Callable[[EngineReading, Config, Config, TargetFacts, ServePaths], None]
