@@ -13,6 +13,7 @@ that has not, and the benchmark's ratios are those of drafters at that budget, n
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,6 +73,22 @@ def with_target_tokens(curve: Curve, tokens_per_pass: list[int], reuse: int) -> 
         raise ValueError(f"step {curve.steps[-1]} needs {passes[-1]} target passes, {len(tokens_per_pass)} known")
     totals = [sum(tokens_per_pass[:p]) for p in passes]
     return Curve(curve.steps, curve.mean, curve.low, curve.high, totals)
+
+
+def tokens_to_reach(curve: Curve, goal: float) -> float | None:
+    """An extrapolation, to be labelled as one wherever it is shown: the target tokens at which the least-squares
+    line of mean E[L] against ln(target tokens), fitted to the evaluations of the second half of training (at least
+    two), reaches ``goal``. None when the curve has no token axis, too few points, or the fit does not rise."""
+    half = [(t, m) for s, t, m in zip(curve.steps, curve.target_tokens, curve.mean) if 2 * s >= curve.steps[-1]]
+    if len(half) < 2:
+        return None
+    xs, ys = [math.log(t) for t, _ in half], [m for _, m in half]
+    x_mean, y_mean = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - x_mean) ** 2 for x in xs)
+    slope = sum((x - x_mean) * (y - y_mean) for x, y in zip(xs, ys)) / spread if spread else 0.0
+    if slope <= 0:
+        return None
+    return math.exp(x_mean + (goal - y_mean) / slope)
 
 
 def logged_values(run_dir: Path) -> dict[int, float]:

@@ -4,11 +4,12 @@ training seeds, read from the runs' own ``metrics.jsonl``, as a table and a plot
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
-from bench.validation_curve import Curve, curve_of, curves_table, plot_curves, with_target_tokens
+from bench.validation_curve import Curve, curve_of, curves_table, plot_curves, tokens_to_reach, with_target_tokens
 
 
 def write_run(run_dir: Path, values: dict[int, float]) -> Path:
@@ -69,3 +70,23 @@ def test_target_tokens_count_the_passes_each_evaluated_step_has_used() -> None:
         with_target_tokens(curve, per_pass[:4], reuse=2)
     table = curves_table({"dspark": placed})
     assert table.splitlines()[-1] == "| target tokens | 30 | 30 | 150 | | | |"
+
+
+def test_the_extrapolation_solves_the_log_line_of_the_second_half() -> None:
+    """On a curve that is exactly 0.1 + 0.2 ln(tokens) the fitted line is that line, so the tokens that reach a goal
+    are exp((goal - 0.1) / 0.2); the first half of training (here a point far off the line) is not fitted."""
+    tokens = [1_000, 4_000, 16_000, 64_000]
+    means = [5.0, *(0.1 + 0.2 * math.log(t) for t in tokens[1:])]
+    curve = Curve([10, 20, 30, 40], means, means, means, tokens)
+    assert math.isclose(tokens_to_reach(curve, 3.0), math.exp((3.0 - 0.1) / 0.2), rel_tol=1e-9)
+    # A least-squares line through points off any one line: brute force over the three fitted points.
+    noisy = Curve([10, 20, 30, 40], [0.0, 1.0, 1.5, 1.6], [0.0] * 4, [2.0] * 4, tokens)
+    xs, ys = [math.log(t) for t in tokens[1:]], [1.0, 1.5, 1.6]
+    slope = ((xs[0] - sum(xs) / 3) * (ys[0] - sum(ys) / 3) + (xs[1] - sum(xs) / 3) * (ys[1] - sum(ys) / 3)
+             + (xs[2] - sum(xs) / 3) * (ys[2] - sum(ys) / 3)) / sum((x - sum(xs) / 3) ** 2 for x in xs)
+    expected = math.exp(sum(xs) / 3 + (2.0 - sum(ys) / 3) / slope)
+    assert math.isclose(tokens_to_reach(noisy, 2.0), expected, rel_tol=1e-9)
+    falling = Curve([10, 20], [1.0, 0.9], [0.0] * 2, [1.0] * 2, [100, 200])
+    assert tokens_to_reach(falling, 2.0) is None
+    assert tokens_to_reach(Curve([10], [1.0], [1.0], [1.0], [100]), 2.0) is None
+    assert tokens_to_reach(Curve([10, 20], [0.5, 1.0], [0.0] * 2, [1.0] * 2), 2.0) is None
