@@ -46,7 +46,7 @@ from deepspec_train.models.scale_targets import scale_target_config
 from deepspec_train.packing.batch import PackedBatch
 from deepspec_train.packing.packer import SequenceItem, pack_sequences
 from deepspec_train.training.batch_loss import DrafterLoss
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 
 MIB = 1024**2
 RECIPES = ("qwen3-8b-32k", "qwen3-8b-eagle3-32k")

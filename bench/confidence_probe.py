@@ -35,7 +35,7 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import init_distributed
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 
 
 @dataclass

@@ -89,7 +89,7 @@ def model(seeds: int = 3, seq_len: int = 2048) -> dict:
         drafter_flops_per_sequence, target_flops_per_sequence, target_total_params,
     )
     from deepspec_train.costs.worker_memory import TARGET_BYTES_PER_PARAM
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     rows = []
     for recipe in MODEL_RECIPES:

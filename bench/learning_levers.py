@@ -145,7 +145,7 @@ def probe_seconds_per_pass(variant: Variant, shared: list[str], out: Path, passe
 
 def tokens_of_passes(args: argparse.Namespace, out: Path, passes: int) -> list[int]:
     """The target tokens of each pass, from the plan's own sequences."""
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     return tokens_per_pass(load_recipe(VARIANTS[0].recipe, shared_overrides(args, out)), passes)
 

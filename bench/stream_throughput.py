@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, resolve_attention, train_plan
 from deepspec_train.metrics.sinks import NoOpSink
 from deepspec_train.kinds.builder import build_drafter_from_files

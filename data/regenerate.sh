@@ -25,7 +25,7 @@ PROMPTS_DIR=${PROMPTS_DIR:-data/open-perfectblend/prompts}
 PYTHON=${PYTHON:-python}
 status=0
 for split in train validation; do
-    output=$("$PYTHON" -c "import sys; from deepspec_train.validation import load_recipe; \
+    output=$("$PYTHON" -c "import sys; from deepspec_train.kinds.recipe_validation import load_recipe; \
 cfg = load_recipe(sys.argv[1], check_target=False); print(getattr(cfg.data, sys.argv[2])[0])" "$RECIPE" "$split")
     "$PYTHON" -m deepspec_train.jobs.cli regenerate --backend http "${ENDPOINT_ARGS[@]}" --recipe "$RECIPE" \
         --input "$PROMPTS_DIR/$split.jsonl" --out "$output" || status=$?

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import DataSummary, build_token_dataset
 from deepspec_train.common.errors import exit_on_user_error

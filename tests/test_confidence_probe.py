@@ -10,7 +10,7 @@ from pathlib import Path
 
 from bench.confidence_probe import main
 from deepspec_train.jobs.run import run_training
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.tiny_world_overrides import training_overrides
 
 

@@ -21,7 +21,7 @@ from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs import colocated
 from deepspec_train.jobs.entry import main as train_main
 from deepspec_train.jobs.run import run_training
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.tiny_world_overrides import training_overrides, world_overrides
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,7 +12,7 @@ from types import ModuleType
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 REPO = Path(__file__).resolve().parents[1]

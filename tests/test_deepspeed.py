@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.training import deepspeed_engine
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.deepspeed_engine import resolve_deepspeed_config

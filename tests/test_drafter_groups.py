@@ -28,7 +28,7 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.shared_pass import SharedTargetPass
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.run_history import assert_same_training, history, records
 from tests.helpers.tiny_world_overrides import LAYER_IDS, training_overrides
 

@@ -13,7 +13,7 @@ import pytest
 
 from deepspec_train.jobs.entry import main
 from deepspec_train.jobs.run import run_training
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.run_history import assert_same_training, history
 from tests.helpers.scale_world import build_scale_world, scale_overrides
 from tests.helpers.streaming_world import run_ranks

@@ -20,7 +20,7 @@ import pytest
 from deepspec_train.jobs.run import run_training
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.checkable_target import write_checkable_target
 from tests.helpers.run_history import assert_same_training, history
 from tests.helpers.streaming_world import read_logs, recipe_overrides, run_ranks, start_ranks, wait_all

@@ -22,7 +22,7 @@ from deepspec_train.models.draft_vocab import DraftVocab, build_draft_vocab, cou
 from deepspec_train.models.eagle3_drafter import Eagle3Drafter, eagle3_target_layer_ids
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.packing.batch import IGNORE_INDEX, PackedBatch
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.tiny_geometry import TINY_GEOMETRY
 from tests.helpers.slot_logits import slot_logits
 

@@ -16,7 +16,7 @@ from deepspec_train.families.records import (
 from deepspec_train.models.family_configs import family_reference_configs
 from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS, reference_configs
 from deepspec_train.costs.reference_targets import FAMILY_RECIPES, reference_target_config
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers import family_tokenizers
 
 

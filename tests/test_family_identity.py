@@ -20,7 +20,7 @@ from deepspec_train.config.loader import ConfigError, save_resolved
 from deepspec_train.families.catalog import LLAMA3, engines_of, family_of
 from deepspec_train.families.own_tokens import chat_turn_end, unused_special_token
 from deepspec_train.models.scale_targets import scale_target_config
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.chat_tokenizer import build_chat_tokenizer
 from tests.helpers.family_tokenizers import LLAMA3 as LLAMA3_LAYOUT, build_layout_tokenizer
 from tests.helpers.real_world import real_config_target  # noqa: F401 (a fixture)

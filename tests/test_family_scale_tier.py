@@ -45,7 +45,7 @@ from deepspec_train.models.scale_targets import scale_target_config
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.tiny_drafter import drafter_outputs
 from tests.helpers.family_world import FAMILY_TIER, build_family_world
 from tests.helpers.opt_in_markers import selected_params

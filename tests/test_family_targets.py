@@ -31,7 +31,7 @@ from deepspec_train.losses.selected_logit_loss import LossSettings, SupervisedRo
 from deepspec_train.models.family_configs import gemma3_reference_configs
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.family_world import FAMILY_TIER, build_family_world
 from tests.helpers.scale_world import scale_overrides
 

@@ -34,7 +34,7 @@ from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
 from deepspec_train.training.feature_source import InProcessFeatureSource
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.run_history import assert_same_training
 from tests.helpers.streaming_world import recipe_overrides, run_ranks, step_losses
 

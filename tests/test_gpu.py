@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.jobs.run import run_training
 from deepspec_train.packing.anchors import sample_anchors
 from deepspec_train.packing.packer import pack_sequences

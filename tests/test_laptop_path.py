@@ -20,7 +20,7 @@ from deepspec_train.regenerate.settings import RegenerateConfig
 from deepspec_train.evaluation.suites import read_suite_file
 from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.realworld.builtin_prompts import BUILTIN_PROMPT_SETS, prompt_fingerprint, resolve_prompt_source
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.real_world import real_config_target  # noqa: F401 (a fixture)
 
 REPO = Path(__file__).resolve().parents[1]

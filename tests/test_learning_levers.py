@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.learning_levers import VARIANTS, LeverCurve, lever_curve, plot, report, write_recipes
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 
 
 def test_interpolation_and_the_convergence_rule() -> None:

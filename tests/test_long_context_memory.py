@@ -1,9 +1,9 @@
-"""The long-context memory terms of ``deepspec_train.costs.long_context_memory`` (through ``costs.worker_memory.long_context_memory``,
-the function the production rows use) against peaks measured on the real code paths at Qwen3-8B scale-copy widths
-on CPU (``tests/helpers/peak_memory.py``: a fresh process, glibc ``mmap`` for every large allocation, ``VmHWM``
-reset before each call). Each case is sized so that its term dominates what is measured, and
-runs in a fresh process of its own (5-12 s each on one core of a 2-core machine; the longest are the drafter's
-dense-mask attention at 512 anchors x 7 slots and the 7-layer target at 6,144 tokens)."""
+"""The long-context memory terms of ``deepspec_train.costs.long_context_memory`` (through
+``costs.worker_memory.long_context_memory``, the function the production rows use) against peaks measured on the real
+code paths at Qwen3-8B scale-copy widths on CPU (``tests/helpers/peak_memory.py``: a fresh process, glibc ``mmap`` for
+every large allocation, ``VmHWM`` reset before each call). Each case is sized so that its term dominates what is
+measured, and runs in a fresh process of its own (5-12 s each on one core of a 2-core machine; the longest are the
+drafter's dense-mask attention at 512 anchors x 7 slots and the 7-layer target at 6,144 tokens)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.models.scale_targets import scale_target_config
 from deepspec_train.training.batch_loss import DrafterLoss
 from deepspec_train.training.distributed import DistContext
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.long_context_world import (
     HEADROOM, LONG_CONTEXT_TIER, MINIMAL_HEADS, SHORT_COPY_LAYERS, SHORT_COPY_TAPS, build_long_world, long_overrides,
 )

@@ -19,7 +19,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.loader import load_recipe_section
 from deepspec_train.config.rules import launch_problems, tensor_parallel_problems
 from deepspec_train.packing.anchor_counts import anchor_count

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from deepspec_train.jobs.cli import main
-from deepspec_train.validation import recipe_and_kind_problems as recipe_problems
+from deepspec_train.kinds.recipe_validation import recipe_and_kind_problems as recipe_problems
 from deepspec_train.export.exporter import plan_export
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.published_drafters import PICKLE_WEIGHTS, SHARD_INDEX

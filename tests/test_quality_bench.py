@@ -15,7 +15,7 @@ import pytest
 from deepspec_train.calibration.cli import TraceArrays
 from deepspec_train.calibration.heldout import conditional_auroc_bound, held_out_confidence
 from deepspec_train.calibration.temperature_scaling import sequential_temperature_scaling
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.evaluation.paired_bootstrap import bootstrap_mean, bootstrap_tau_ratios, prompt_totals
 from deepspec_train.evaluation.drafter_comparison import (
     BenchDrafter, DecodeSettings, decode_interleaved, decode_seed, draft_ms_per_round, tau_table, totals_by_category,

@@ -26,7 +26,7 @@ from deepspec_train.realworld.gguf_source import check_gguf
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.loading import load_target_model
 from deepspec_train.training.distributed import DistContext
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.real_world import real_target, write_real_conversations  # noqa: F401 (a fixture)
 from tests.helpers.tiny_drafter import drafter_outputs
 

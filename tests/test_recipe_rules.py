@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deepspec_train.config.loader import ConfigError
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from tests.helpers.tiny_world_overrides import LAYER_IDS, world_overrides
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from deepspec_train.config.loader import ConfigError, available_recipes, save_resolved
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 
 REPO = Path(__file__).resolve().parents[1]

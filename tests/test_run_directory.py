@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from deepspec_train.config.loader import ConfigError
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.jobs.run_directory import (
     IDENTITY_FILE, claim_output_dir, identity_fields, output_dir_problems, set_aside_metrics_after,
 )

@@ -58,7 +58,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.config.loader import config_to_dict
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import EngineRuleError, check_export_dir
 from deepspec_train.serving_layouts.engine_reading import ENGINES

@@ -190,7 +190,7 @@ def test_the_tiny_recipes_mirror_production_inside_the_cost_rule() -> None:
     """Issue 22's rule: the tiny DSpark recipes take the production structure (the RNN head, chosen on validation,
     or the vanilla one vLLM serves), DFlash its 5 layers, and at Qwen3-8B widths each DSpark drafts a round in at
     most EAGLE-3's modeled time at batch 1, in at most its 7 sequential layer passes."""
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     production = {r: load_recipe(r, check_target=False).drafter for r in ("qwen3-8b", "qwen3-8b-dflash")}
     tiny = {r: load_recipe(r, check_target=False) for r in ("tiny-dspark", "tiny-dspark-vanilla", "tiny-dflash",

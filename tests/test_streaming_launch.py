@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.jobs.run import run_training
 from tests.helpers.streaming_world import REPO, free_port, recipe_overrides, run_ranks, step_losses
 

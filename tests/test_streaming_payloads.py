@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.packing.batch import PackedBatch
 from tests.helpers.streaming_world import read_logs, recipe_overrides, start_ranks, wait_all
 

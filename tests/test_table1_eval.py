@@ -236,7 +236,7 @@ def test_modeled_draft_cost_is_the_production_counterparts() -> None:
     from deepspec_train.formats.drafter_loader import LoadedDrafter
     from deepspec_train.costs.gpu_specs import gpu_spec
     from deepspec_train.costs.serving_cost import production_counterpart, round_times
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     modeled = {}
     for recipe in ("tiny-dspark", "tiny-eagle3", "tiny-dflash2"):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.jobs.run import run_training
 from tests.helpers.moe_world import moe_overrides
 from tests.helpers.streaming_world import fail_one_rank_mid_run, recipe_overrides, run_ranks, step_losses

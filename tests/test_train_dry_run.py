@@ -15,7 +15,7 @@ import yaml
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.common.errors import UserError
 from deepspec_train.common.output_paths import check_output_dir
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.checkable_target import write_chat_rows, write_checkable_target
 
 REPO = Path(__file__).resolve().parents[1]

@@ -24,7 +24,7 @@ from deepspec_train.common.errors import UserError
 from deepspec_train.jobs.cli import main as deepspec
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.geometry import geometry_from_target_config
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.scale_world import TRAIN_CONVERSATIONS, VALIDATION_CONVERSATIONS, write_conversations
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,9 +2,9 @@
 
 A missing recipe, an unknown key or a value of the wrong type raises ``ConfigError`` with a one-line message
 naming the file or key and the closest valid name. The rules beyond types (``config.rules`` and the drafter
-kind's own) are run once, above this package, by ``validation.load_recipe``, which every entry point uses. A
-recipe may name another as ``base:``; its keys are merged under the recipe's own. Sections that belong to another verb (``regenerate``) are left to that verb
-(``load_recipe_section``).
+kind's own) are run once, above this package, by ``kinds.recipe_validation.load_recipe``, which every entry point uses.
+A recipe may name another as ``base:``; its keys are merged under the recipe's own. Sections that belong to another verb
+(``regenerate``) are left to that verb (``load_recipe_section``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The target's family is matched by what identifies it (``families.catalog.family_
 vocabulary), never by class name alone. Taps follow the rule every family shares; the mask token is the family
 record's, or, for a target no record identifies, an unused special token of its own tokenizer
 (``families.own_tokens``). The turn end is logged too (the regeneration and the evaluator stop on it). When a rule
-finds nothing, one line names the setting the user must give. ``validation.load_recipe`` calls ``resolve``;
+finds nothing, one line names the setting the user must give. ``kinds.recipe_validation.load_recipe`` calls ``resolve``;
 the run saves the resolved values in ``resolved_config.yaml``.
 """
 

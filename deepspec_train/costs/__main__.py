@@ -1,7 +1,8 @@
-"""``python -m deepspec_train.costs``: print the docs' sizing tables (markdown) from ``deepspec_train.costs.sizing_tables``
-and ``deepspec_train.costs.groups``; ``python -m deepspec_train.costs levers [recipe] [key=value ...]``: the modeled
-cost of anchor density and feature reuse (``deepspec_train.costs.levers``). A module of its own so that the
-grouped accounting can build on the sizing model while the table printer reads both (no import cycle)."""
+"""``python -m deepspec_train.costs``: print the docs' sizing tables (markdown) from
+``deepspec_train.costs.sizing_tables`` and ``deepspec_train.costs.groups``; ``python -m deepspec_train.costs levers
+[recipe] [key=value ...]``: the modeled cost of anchor density and feature reuse (``deepspec_train.costs.levers``). A
+module of its own so that the grouped accounting can build on the sizing model while the table printer reads both (no
+import cycle)."""
 
 from __future__ import annotations
 

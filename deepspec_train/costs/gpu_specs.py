@@ -1,6 +1,6 @@
-"""Published GPU facts the serving-cost model (``deepspec_train.costs.serving_cost``) runs its roofline on: HBM bandwidth
-and dense bf16 tensor-core peak per GPU, by name. Vendor figures, not measurements; datasheets quote bf16 with 2:4
-structured sparsity, so the dense peak is half the quoted number.
+"""Published GPU facts the serving-cost model (``deepspec_train.costs.serving_cost``) runs its roofline on: HBM
+bandwidth and dense bf16 tensor-core peak per GPU, by name. Vendor figures, not measurements; datasheets quote bf16 with
+2:4 structured sparsity, so the dense peak is half the quoted number.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def lever_cost(cfg: RecipeConfig, name: str, seq_len: int = DEFAULT_SEQ_LEN, gpu
 def recipe_lever_cost(recipe: str, overrides: Sequence[str] = (), seq_len: int = DEFAULT_SEQ_LEN,
                       gpu: str = DEFAULT_GPU) -> LeverCost:
     """``lever_cost`` of a recipe with ``dotted.key=value`` overrides, e.g. ``train.feature_reuse=4``."""
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     cfg = load_recipe(recipe, list(overrides), check_target=False)
     label = " ".join([recipe, *overrides])
@@ -134,7 +134,7 @@ def recipe_lever_cost(recipe: str, overrides: Sequence[str] = (), seq_len: int =
 def table_costs(recipe: str = DEFAULT_RECIPE, seq_len: int = DEFAULT_SEQ_LEN,
                 gpu: str = DEFAULT_GPU) -> list[LeverCost]:
     """The docs' grid: ``TABLE_ANCHORS`` x ``TABLE_REUSE`` for ``recipe``."""
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     base = load_recipe(recipe, check_target=False)
     hf_config = reference_target_config(base)

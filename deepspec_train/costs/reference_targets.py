@@ -38,7 +38,7 @@ def recipe_and_target(recipe: str, target: Optional[str]) -> tuple[RecipeConfig,
     """The recipe, its taps moved to ``target``'s (when given, for a target without a recipe), and the config."""
     import dataclasses
 
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
     from deepspec_train.models.reference_configs import REFERENCE_LAYER_IDS
 
     cfg = load_recipe(recipe, check_target=False)

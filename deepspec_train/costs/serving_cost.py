@@ -70,7 +70,7 @@ class ServedDrafter:
 def served_recipe(recipe: str, overrides: Optional[list[str]] = None, name: Optional[str] = None) -> ServedDrafter:
     """A production recipe's drafter at its target's published widths (``models.reference_configs``)."""
     from deepspec_train.costs.reference_targets import reference_target_config
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     cfg = load_recipe(recipe, overrides, check_target=False)
     hf_config = reference_target_config(cfg)
@@ -151,7 +151,7 @@ def group_table(served: ServedDrafter, gpu: GpuSpec, shape: RoundShape) -> list[
 def report_drafters() -> list[ServedDrafter]:
     """The drafters of the printed tables: the production recipes (DSpark with its vanilla and RNN heads) and the
     production counterparts of the tiny recipes."""
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     drafters = [
         served_recipe("qwen3-8b", name="DSpark 5L r256 vanilla"),

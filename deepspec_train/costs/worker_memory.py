@@ -54,7 +54,7 @@ def long_context_recipe(recipe: str, seq_len: int) -> RecipeConfig:
     several micro-batches that each carry most of the context again."""
     import dataclasses
 
-    from deepspec_train.validation import load_recipe
+    from deepspec_train.kinds.recipe_validation import load_recipe
 
     cfg = load_recipe(recipe, check_target=False)
     rate = load_recipe(LONG_CONTEXT_ANCHOR_RECIPE, check_target=False).anchors.per_1k_tokens

@@ -7,8 +7,8 @@ would read differently from how the drafter was trained; tests check every produ
     readings = check_export_dir("exports/qwen3-8b-dspark", "models/Qwen3-8B")
 
 The facts per layout are its ``ServingLayout`` record's engine readers (``serving_layouts/*_layout.py``; the facts all
-layouts share are ``serving_layouts.engine_reading``'s); this module runs them, compares what each engine captures with the
-taps the drafter was trained on, and turns the problems into one refusal. Before a layout's reader runs, the
+layouts share are ``serving_layouts.engine_reading``'s); this module runs them, compares what each engine captures with
+the taps the drafter was trained on, and turns the problems into one refusal. Before a layout's reader runs, the
 target's family record (``families``) says whether the engine's model class of that target captures features for
 the layout's drafters at all; an architecture it does not serve, or one no record covers, is named as such and the
 export is still written.

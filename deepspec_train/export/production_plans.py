@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.export.engine_rules import check_engines
 from deepspec_train.export.exporter import ExportPlan, default_layout, plan_export

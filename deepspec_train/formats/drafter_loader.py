@@ -1,4 +1,5 @@
-"""Rebuild a drafter module from an export (any layout in ``serving_layouts.layout_registry``) or from a training output dir.
+"""Rebuild a drafter module from an export (any layout in ``serving_layouts.layout_registry``) or from a training output
+dir.
 
 ``load_exported_drafter(path)`` accepts:
 
@@ -10,7 +11,7 @@
 
 An export's config is checked by its layout (``validate_layout``, and the layout record's reading) on fields that
 no kind can load; no recipe is rebuilt from it. A training directory's config was written from a recipe that
-passed ``validation.load_recipe`` and is trusted.
+passed ``kinds.recipe_validation.load_recipe`` and is trusted.
 
 Frozen target heads come from the export when it holds them (DSpark layout), otherwise (the layout's
 ``from_target`` tensors) from ``target_path`` (default: the training run's recorded target) via

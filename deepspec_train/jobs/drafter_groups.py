@@ -46,7 +46,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.common.errors import UserError
 from deepspec_train.jobs.run_directory import output_dir_problems
 from deepspec_train.common.output_paths import check_output_dir, ensure_output_dir
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 
 GROUP_USAGE = ("usage: train.py recipe=NAME compare=[NAME,...] seeds=N [dotted.key=value ...] "
                "[NAME:dotted.key=value ...] [--dry-run]")

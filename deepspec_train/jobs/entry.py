@@ -31,7 +31,7 @@ from pathlib import Path
 
 from deepspec_train.config.loader import ConfigError, available_recipes, recipe_dirs, resolved_yaml
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.validation import load_recipe
+from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.rules import launch_problems
 from deepspec_train.common.errors import exit_on_user_error
 from deepspec_train.jobs.drafter_groups import (

@@ -1,8 +1,8 @@
 """What a training run reads before it writes anything, checked the same way by ``--dry-run`` and by a real run.
 
 ``preflight(cfg)`` reads the target folder (readable safetensors headers, its ``config.json`` having passed
-``validation.load_recipe``), ``drafter.init_from``, the first rows of every local data source (it exists, holds
-rows, and they have one shape: ``data.shape_detection``) and, last because it imports transformers and torch, the
+``kinds.recipe_validation.load_recipe``), ``drafter.init_from``, the first rows of every local data source (it exists,
+holds rows, and they have one shape: ``data.shape_detection``) and, last because it imports transformers and torch, the
 target's tokenizer. Each finding is one line: ``ok``, ``not checked`` (a datasets hub name, read only when the run
 starts) or ``stops`` (what a real run would refuse). A real run raises the first ``stops`` line before it creates
 its folders (``jobs.entry``); ``--dry-run`` prints them all after the resolved config and exits 2 when one stops

@@ -27,7 +27,7 @@ def build_drafter_for_geometry(
     token_counts: Optional[torch.Tensor] = None,
 ) -> nn.Module:
     """The untrained drafter module (random weights; heads not yet loaded). ``cfg`` has passed
-    ``validation.load_recipe``: its kind's rules are not checked again here."""
+    ``kinds.recipe_validation.load_recipe``: its kind's rules are not checked again here."""
     return kind_spec(cfg.drafter.kind).build(cfg.drafter, geometry, list(cfg.target.layer_ids), token_counts)
 
 

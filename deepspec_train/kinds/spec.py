@@ -5,12 +5,12 @@ record of that kind instead of a ``kind == ...`` switch: which recipe settings i
 built and given the target's frozen heads, whether it needs the training data's token counts, what it feeds the
 selected-logit loss, how it drafts a block at evaluation time, how many sequential layer passes one draft
 costs, its FLOPs for sizing, its kernel groups per serving round (``serving_cost``), and which serving layouts it
-exports to (the layouts themselves are ``ServingLayout`` records, ``serving_layouts.layout_spec``). The records themselves
-live in ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
+exports to (the layouts themselves are ``ServingLayout`` records, ``serving_layouts.layout_spec``). The records
+themselves live in ``kinds/parallel.py`` and ``kinds/eagle3.py``; ``kinds/registry.py`` looks them up.
 
 The kind modules import torch and the model code only inside their functions: recipe validation
-(``validation.load_recipe``) asks every kind for its recipe rules, and must answer a bad recipe in milliseconds, long
-before torch is imported.
+(``kinds.recipe_validation.load_recipe``) asks every kind for its recipe rules, and must answer a bad recipe in
+milliseconds, long before torch is imported.
 """
 
 from __future__ import annotations

@@ -161,8 +161,9 @@ class Eagle3Drafter(nn.Module):
         draft_vocab: DraftVocab,
     ) -> None:
         super().__init__()
-        # The recipe rules (one layer, one TTT step per block slot, three taps) ran in ``validation.load_recipe``;
-        # only the draft vocabulary (counted from the data or read from a checkpoint) is checked against the target.
+        # The recipe rules (one layer, one TTT step per block slot, three taps) ran in
+        # ``kinds.recipe_validation.load_recipe``; only the draft vocabulary (counted from the data or read from a
+        # checkpoint) is checked against the target.
         if draft_vocab.target_vocab_size != geometry.vocab_size:
             raise ValueError(
                 f"draft vocab maps a {draft_vocab.target_vocab_size}-token vocabulary, target has {geometry.vocab_size}"

@@ -1,7 +1,8 @@
 """Qwen3-style building blocks shared by every drafter (RMSNorm, rotary embeddings, SwiGLU, GQA attention).
 
-Parameter names follow the serving layouts' shared decoder layer (``serving_layouts.layout_checks``: ``input_layernorm``,
-``self_attn.q_proj`` ..., ``mlp.gate_proj`` ...) so that a drafter's ``state_dict`` is already the export layout.
+Parameter names follow the serving layouts' shared decoder layer (``serving_layouts.layout_checks``:
+``input_layernorm``, ``self_attn.q_proj`` ..., ``mlp.gate_proj`` ...) so that a drafter's ``state_dict`` is already the
+export layout.
 
 Tensor layout for attention: ``[batch, heads, tokens, head_dim]`` (the layout of SDPA and flex_attention).
 ``apply_rotary`` takes ``x [..., heads, T, head_dim]`` and ``cos``/``sin`` ``[..., T, head_dim]``.

@@ -50,7 +50,8 @@ def dspark_fields(drafter: WrittenDrafter) -> dict[str, Any]:
     module = drafter.module
     confidence = module.confidence_head is not None
     fields = {
-        # DeepSpec's release is a Qwen3 config; any other model type is parsed as its family's (serving_layouts.draft_layers).
+        # DeepSpec's release is a Qwen3 config; any other model type is parsed as its family's
+        # (serving_layouts.draft_layers).
         "model_type": QWEN3_MODEL_TYPE,
         "num_target_layers": module.geometry.num_target_layers,
         "block_size": drafter.block_size,

@@ -1,7 +1,7 @@
 """How a serving engine reads an export, as data, and the engine facts every layout's readers share.
 
-Each layout record (``serving_layouts/*_layout.py``) has one reader per engine that returns an ``EngineReading``: the target
-layers the engine captures, why it does not serve the export at all, the ways it would misread it, and the serve
+Each layout record (``serving_layouts/*_layout.py``) has one reader per engine that returns an ``EngineReading``: the
+target layers the engine captures, why it does not serve the export at all, the ways it would misread it, and the serve
 command lines. ``export.engine_rules`` runs the readers and refuses an export an engine would misread. The facts
 below come from the engines' code (vLLM 0.33, SGLang 0.5.23;
 docs/reference/file_formats.md):

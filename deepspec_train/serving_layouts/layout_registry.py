@@ -1,8 +1,8 @@
 """The serving layouts the pipeline knows, by name, and the one validation that exporter and loader both run.
 
 ``serving_layout(name)`` is how every other module asks a question whose answer depends on the layout (see
-``serving_layouts.layout_spec``); ``layout_of_config(config)`` names the layout an exported config.json is in. A new layout is
-one more record here.
+``serving_layouts.layout_spec``); ``layout_of_config(config)`` names the layout an exported config.json is in. A new
+layout is one more record here.
 
 ``validate_layout(layout, config, tensors)`` checks a config dict and a name -> tensor (or ``TensorSpec``) map
 against the layout: every required config field with a usable value, every required tensor with the shape the

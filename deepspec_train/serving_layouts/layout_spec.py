@@ -5,8 +5,9 @@ decision that depends on the layout goes through its record instead of a ``layou
 architecture name that identifies it, the config fields the exporter writes and the validator requires, the tensors
 it stores, requires and leaves out, what each engine (vLLM, SGLang) captures from it and refuses, and how the
 project's loader turns an export back into drafter settings. The records live in ``serving_layouts/dspark_layout.py``,
-``serving_layouts/zlab_dflash_layout.py`` and ``serving_layouts/eagle3_layout.py``; ``serving_layouts/layout_registry.py`` looks them up. Which
-drafter kinds export to which layout is the kinds' ``layouts`` (``kinds.spec``).
+``serving_layouts/zlab_dflash_layout.py`` and ``serving_layouts/eagle3_layout.py``;
+``serving_layouts/layout_registry.py`` looks them up. Which drafter kinds export to which layout is the kinds'
+``layouts`` (``kinds.spec``).
 
 Layer ids. Our ``target_layer_ids`` are 0-indexed decoder layers: id ``k`` is the output of decoder layer ``k``,
 which is transformers' ``hidden_states[k + 1]`` (``hidden_states[0]`` is the embedding output). Each record says in

@@ -48,7 +48,7 @@ class DrafterLoss:
 
     @classmethod
     def for_recipe(cls, cfg: RecipeConfig, target_head_weight: torch.Tensor, attention: str) -> "DrafterLoss":
-        """The loss ``cfg`` (a recipe from ``validation.load_recipe``) asks for."""
+        """The loss ``cfg`` (a recipe from ``kinds.recipe_validation.load_recipe``) asks for."""
         return cls(cfg, kind_spec(cfg.drafter.kind), LossSettings.of(cfg.loss), target_head_weight, attention)
 
     def slot_weights(self, model: nn.Module) -> torch.Tensor:

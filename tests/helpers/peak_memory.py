@@ -1,5 +1,5 @@
-"""Measured peak memory of the real code paths behind ``deepspec_train.costs.long_context_memory``, on CPU, at scale-copy
-widths: ``measure_cases(names)`` runs ``python -m tests.helpers.peak_memory NAME ...`` in a fresh process and
+"""Measured peak memory of the real code paths behind ``deepspec_train.costs.long_context_memory``, on CPU, at
+scale-copy widths: ``measure_cases(names)`` runs ``python -m tests.helpers.peak_memory NAME ...`` in a fresh process and
 returns, per case, the measured peak and the model's prediction (bytes).
 
 How a peak is measured: in that process glibc's ``malloc`` is told to serve every allocation of 64 KiB or more with
@@ -49,8 +49,8 @@ def measured_peak(call: Callable[[], object], warm_up: Callable[[], object]) -> 
 
 
 def _setup(seq_len: int, drafter_layers: int = 5, checkpointing: bool = False):
-    """The recipe at ``seq_len`` (``costs.worker_memory.long_context_recipe``) on the scale copy with 7 layers, its drafter and
-    the model's terms for it (the production function, at the small geometry)."""
+    """The recipe at ``seq_len`` (``costs.worker_memory.long_context_recipe``) on the scale copy with 7 layers, its
+    drafter and the model's terms for it (the production function, at the small geometry)."""
     from deepspec_train.kinds.builder import build_drafter_for_geometry
     from deepspec_train.models.geometry import geometry_from_target_config
     from deepspec_train.models.scale_targets import scale_target_config

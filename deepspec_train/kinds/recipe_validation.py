@@ -3,8 +3,8 @@ anchor rate's (``packing.anchor_counts``), the drafter kind's own rules (``kinds
 the rules that need the target's ``config.json`` (the kind's too), after the settings a recipe leaves null are taken from the target
 (``config.target_tokens``).
 
-It sits above both ``config`` and ``kinds`` so that neither imports the other's rules: the kind records import
-the config schema, and the schema knows nothing of kinds. Every entry point loads recipes through
+It sits in ``kinds``, above the kind records and ``config``, so that neither imports the other's rules: the kind
+records import the config schema, and the schema knows nothing of kinds. Every entry point loads recipes through
 ``load_recipe``; what it returns has passed every rule, and the rest of the pipeline trusts it.
 """
 
