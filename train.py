@@ -9,7 +9,7 @@ Everything lives in ``deepspec_train``; this file only hands the command line ov
 
 import sys
 
-from deepspec_train.jobs.entry import main
+from deepspec_train.commands.train_entry import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -53,7 +53,7 @@ from bench.realworld import (  # noqa: E402
 )
 from bench.validation_curve import curves_table, plot_curves  # noqa: E402
 from deepspec_train.evaluation.drafter_comparison import DecodeSettings, decode_interleaved  # noqa: E402
-from deepspec_train.jobs.cli import main as deepspec  # noqa: E402
+from deepspec_train.commands.dispatch import main as deepspec  # noqa: E402
 
 KINDS = ("smollm2-135m-dspark", "smollm2-135m-dflash", "smollm2-135m-dflash2", "smollm2-135m-eagle3")
 PARALLEL = KINDS[:3]

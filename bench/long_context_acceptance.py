@@ -220,7 +220,7 @@ def main(argv: list[str]) -> int:
     for name in ("short", "long"):
         seconds[f"train_{name}_s"] = train(name, data[name], world, out, args)
     seconds["eval_s"] = run([
-        sys.executable, "-m", "deepspec_train.jobs.cli", "eval", "--target", str(world / "target"),
+        sys.executable, "-m", "deepspec_train.commands.dispatch", "eval", "--target", str(world / "target"),
         "--tinyworld", str(world), "--suite", "tinyworld:long", "--drafter", f"short={out / 'short' / 'drafter'}",
         "--drafter", f"long={out / 'long' / 'drafter'}", "--baseline", "short", "--temperature", "1", "0",
         "--seed", *map(str, range(args.seeds)), "--max-new-tokens", str(args.eval_tokens), "--out",

@@ -27,7 +27,7 @@ status=0
 for split in train validation; do
     output=$("$PYTHON" -c "import sys; from deepspec_train.kinds.recipe_validation import load_recipe; \
 cfg = load_recipe(sys.argv[1], check_target=False); print(getattr(cfg.data, sys.argv[2])[0])" "$RECIPE" "$split")
-    "$PYTHON" -m deepspec_train.jobs.cli regenerate --backend http "${ENDPOINT_ARGS[@]}" --recipe "$RECIPE" \
+    "$PYTHON" -m deepspec_train.commands.dispatch regenerate --backend http "${ENDPOINT_ARGS[@]}" --recipe "$RECIPE" \
         --input "$PROMPTS_DIR/$split.jsonl" --out "$output" || status=$?
 done
 exit $status

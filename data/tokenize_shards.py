@@ -20,7 +20,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.data.token_shards import DataSummary, build_token_dataset
 from deepspec_train.common.errors import exit_on_user_error
 from deepspec_train.common.model_folders import check_target_folder
-from deepspec_train.jobs.entry import parse_command_line
+from deepspec_train.commands.train_entry import parse_command_line
 from deepspec_train.common.output_paths import ensure_output_dir
 
 

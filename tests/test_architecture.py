@@ -128,8 +128,9 @@ def package_graph() -> dict[str, set[str]]:
 
 
 def test_the_package_graph_has_no_cycle() -> None:
-    """Packages import one way: the entry (``jobs``) on top, kinds above models and config, readers of stage files
-    in ``formats``. A cycle between packages is reported with the packages it joins."""
+    """Packages import one way: the entry (``commands``) and the training jobs (``jobs``) on top, kinds above models
+    and config, readers of stage files in ``formats``. A cycle between packages is reported with the packages it
+    joins."""
     graph = package_graph()
     assert {"jobs", "kinds", "models", "config", "formats", "export", "evaluation"} <= set(graph)
     assert _cycles(graph) == []
@@ -188,12 +189,12 @@ def test_imports_run_down_the_drawn_rows() -> None:
 
 
 def test_the_layer_check_finds_an_upward_import() -> None:
-    """A planted import of the entry (``jobs``) from the pure pieces (``models``), inside a function and under
+    """A planted import of a training job (``jobs``) from the pure pieces (``models``), inside a function and under
     ``TYPE_CHECKING``, runs up the drawn rows; so does one into a package the page does not draw."""
     graph = {name: set(targets) for name, targets in package_graph().items()}
     rows = drawn_rows(ARCHITECTURE_PAGE.read_text())
     before = set(upward_imports(graph, rows))
-    planted = "def build():\n    if TYPE_CHECKING:\n        from deepspec_train.jobs.cli import main\n"
+    planted = "def build():\n    if TYPE_CHECKING:\n        from deepspec_train.jobs.run import run_training\n"
     graph["models"] |= {_package_of(dep) for dep in _imports_of_tree(ast.parse(planted), _modules())}
     graph["config"].add("undrawn")
     assert set(upward_imports(graph, rows)) - before == {("models", "jobs"), ("config", "undrawn")}

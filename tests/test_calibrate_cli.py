@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from deepspec_train.calibration.cli import survival_arrays
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.export.engine_files import STS_FILENAME, read_sts, strict_json_loads, sts_payload
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.eval_traces import TraceRound, read_traces

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import deepspec_train.common.package_version as package_version_module
-from deepspec_train.jobs.cli import VERBS, main
-from deepspec_train.jobs.env_cli import LIBRARIES, NOT_INSTALLED, format_report, installed_version
+from deepspec_train.commands.dispatch import VERBS, main
+from deepspec_train.commands.env import LIBRARIES, NOT_INSTALLED, format_report, installed_version
 from deepspec_train.common.package_version import package_version
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,8 @@ def test_unknown_verb_fails(capsys: pytest.CaptureFixture) -> None:
 @pytest.mark.parametrize("verb", sorted(VERBS))
 def test_every_verb_has_help(verb: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "deepspec_train.jobs.cli", verb, "--help"], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "deepspec_train.commands.dispatch", verb, "--help"], capture_output=True, text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     assert f"deepspec {verb}" in proc.stdout
@@ -40,7 +41,7 @@ def test_every_verb_has_help(verb: str) -> None:
 def deepspec(*argv: str) -> subprocess.CompletedProcess:
     """``deepspec ARGV`` as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "deepspec_train.jobs.cli", *argv], capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "deepspec_train.commands.dispatch", *argv], capture_output=True, text=True, timeout=120,
         cwd=REPO,
     )
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.comparison.collect import collect_row, collect_rows, weighted_mean
 from deepspec_train.comparison.position_plots import MIN_ROUNDS
 from deepspec_train.comparison.report import main_table, markdown_table

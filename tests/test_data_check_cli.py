@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from tests.helpers.chat_tokenizer import build_chat_tokenizer
 
 ROWS = [{"question": "What is two plus three?", "answer": "Two plus three is five."}] * 5 + [

@@ -19,7 +19,7 @@ import torch
 from deepspec_train.export.exporter import export_drafter
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs import colocated
-from deepspec_train.jobs.entry import main as train_main
+from deepspec_train.commands.train_entry import main as train_main
 from deepspec_train.jobs.run import run_training
 from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.tiny_world_overrides import training_overrides, world_overrides

@@ -2,7 +2,7 @@
 
 A scan reads the code in README.md and docs/ (fenced blocks, with `\\` continuations joined, and inline code
 spans) and reports each name the code does not have: verbs and flags against the parsers `deepspec` builds
-(``jobs.cli.VERBS`` and each verb's ``add_arguments``; nothing is run), `train.py`'s options, `section.key`
+(``commands.dispatch.VERBS`` and each verb's ``add_arguments``; nothing is run), `train.py`'s options, `section.key`
 recipe keys against the schema dataclasses, recipe names against `recipes/*.yaml`, and repository paths against
 the working tree. The history pages (docs/contributors/lab_notebook.md, measurement_history.md) are held to the
 path check only: their commands are dated records of what ran then. A self-check plants one wrong name of each
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from tools import docs_reference
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.jobs.cli import VERBS
-from deepspec_train.jobs.entry import DRY_RUN, HELP_OPTIONS
+from deepspec_train.commands.dispatch import VERBS
+from deepspec_train.commands.train_entry import DRY_RUN, HELP_OPTIONS
 
 REPO = Path(__file__).resolve().parents[1]
 CONTRIBUTORS = REPO / "docs" / "contributors"
@@ -256,7 +256,7 @@ def test_the_scan_reports_a_planted_wrong_name_of_every_sort() -> None:
         assert expected in problems, (expected, problems)
     # The same names, all real, report nothing.
     real = ("`deepspec eval --target DIR --out r.json`, `deepspec recipes show qwen3-8b`, `train.lr=1e-4`, "
-            "`python train.py recipe=tiny-dspark --dry-run`, `deepspec_train/jobs/cli.py`, `howto/data.md`")
+            "`python train.py recipe=tiny-dspark --dry-run`, `deepspec_train/commands/dispatch.py`, `howto/data.md`")
     assert scan(real, REPO / "docs" / "planted.md") == []
     # A history page answers for its paths only.
     assert scan(planted, CONTRIBUTORS / "planted.md", history=True) == [

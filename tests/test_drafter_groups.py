@@ -22,7 +22,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from deepspec_train.jobs.entry import main
+from deepspec_train.commands.train_entry import main
 from deepspec_train.jobs.run import run_training
 from deepspec_train.target.hidden_states import TargetTap
 from deepspec_train.target.shared_pass import SharedTargetPass

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.jobs.entry import main
+from deepspec_train.commands.train_entry import main
 from deepspec_train.jobs.run import run_training
 from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.run_history import assert_same_training, history

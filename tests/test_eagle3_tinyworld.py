@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.run import run_training

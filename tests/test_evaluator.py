@@ -11,7 +11,7 @@ from typing import Optional
 import pytest
 import torch
 
-from deepspec_train.jobs.cli import main as deepspec_main
+from deepspec_train.commands.dispatch import main as deepspec_main
 from deepspec_train.models.block_drafting import DraftBlock, DraftContext
 from deepspec_train.evaluation.report import ConversationStats, build_results, conditional_acceptance
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, verify_drafts

@@ -456,7 +456,7 @@ def test_qwen3_8b_eagle3_plan_matches_formats():
 
 
 def test_export_cli_with_calibration_and_refusal(tmp_path, target_dir, capsys):
-    from deepspec_train.jobs.cli import main
+    from deepspec_train.commands.dispatch import main
     from deepspec_train.export.engine_files import STS_FILENAME, read_sts, strict_json_loads
 
     cfg = tiny_recipe("dspark", target_dir)

@@ -38,7 +38,7 @@ from deepspec_train.families.catalog import family_of
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.formats.trained_drafter import read_trained_drafter
 from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.jobs.run import run_training
 from deepspec_train.serving_layouts.layout_registry import layout_of_config, serving_layout
 from deepspec_train.models.scale_targets import scale_target_config

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.common.errors import UserError, exit_on_user_error, one_line
 from deepspec_train.regenerate.backend import GenerationError
 from deepspec_train.regenerate.http_backend import OpenAIChatBackend
@@ -54,7 +54,7 @@ def test_user_errors_print_one_line_and_exit_2(capsys, monkeypatch) -> None:
 
 def test_a_bad_recipe_value_exits_2_through_the_console_script(tmp_path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "deepspec_train.jobs.cli", "train", "recipe=tiny-dspark", "train.lr=fast"],
+        [sys.executable, "-m", "deepspec_train.commands.dispatch", "train", "recipe=tiny-dspark", "train.lr=fast"],
         capture_output=True, text=True, timeout=120, env=os.environ | {"DEEPSPEC_DEBUG": "0"},
     )
     assert proc.returncode == 2 and proc.stderr.startswith("error: override: 'train.lr' must be a number")

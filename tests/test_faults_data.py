@@ -20,7 +20,7 @@ import pytest
 
 from deepspec_train.data import token_shards
 from deepspec_train.data.conversations import BadRow, DataSourceError, iter_records, read_conversations_jsonl
-from deepspec_train.jobs.entry import main as train_main
+from deepspec_train.commands.train_entry import main as train_main
 from tests.helpers.chat_tokenizer import build_chat_tokenizer
 from tests.helpers.streaming_world import REPO, rank_env, recipe_overrides
 

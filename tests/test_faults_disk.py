@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.jobs.cli import main as deepspec_main
+from deepspec_train.commands.dispatch import main as deepspec_main
 from deepspec_train.common.disk_space import folder_bytes
 from deepspec_train.training.checkpoint import list_checkpoints
 from deepspec_train.training.checkpoint_manifest import checkpoint_problem
-from deepspec_train.jobs.entry import main as train_main
+from deepspec_train.commands.train_entry import main as train_main
 from tests.helpers.streaming_world import recipe_overrides
 
 

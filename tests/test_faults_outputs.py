@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.common.output_paths import ensure_output_dir, ensure_output_file
 from tests.helpers.streaming_world import REPO, recipe_overrides
 
@@ -89,11 +89,9 @@ def run_as_nobody(argv: list[str], log: Path) -> tuple[int, str]:
     """``deepspec *argv`` in a forked child that became user nobody (root may write anywhere); its exit status and
     stderr. Forked rather than started: nobody may not read this machine's Python installation, and the verb's
     module is imported before the fork for the same reason."""
-    import importlib
+    from deepspec_train.commands.dispatch import VERBS
 
-    from deepspec_train.jobs.cli import VERBS
-
-    importlib.import_module(VERBS[argv[0]][0])
+    VERBS[argv[0]].load()
     with open(log, "w") as err:
         pid = os.fork()
         if pid == 0:

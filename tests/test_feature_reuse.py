@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM
 
 from deepspec_train.common.errors import UserError
 from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, pass_replay, train_plan
-from deepspec_train.jobs.entry import main
+from deepspec_train.commands.train_entry import main
 from deepspec_train.jobs.run import run_training
 from deepspec_train.jobs.target_init import TargetInitError, initialise_from_target
 from deepspec_train.kinds.builder import build_drafter_from_files

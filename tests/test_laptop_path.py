@@ -18,7 +18,7 @@ from tools import docs_reference
 from deepspec_train.config.loader import load_recipe_section
 from deepspec_train.regenerate.settings import RegenerateConfig
 from deepspec_train.evaluation.suites import read_suite_file
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.realworld.builtin_prompts import BUILTIN_PROMPT_SETS, prompt_fingerprint, resolve_prompt_source
 from deepspec_train.kinds.recipe_validation import load_recipe
 from tests.helpers.real_world import real_config_target  # noqa: F401 (a fixture)

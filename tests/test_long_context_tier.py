@@ -42,7 +42,7 @@ from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.export.production_plans import PRODUCTION_RECIPES, production_readings
 from deepspec_train.formats.trained_drafter import read_trained_drafter
 from deepspec_train.jobs.assembly import load_token_datasets
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.jobs.run import run_training
 from deepspec_train.serving_layouts.engine_reading import ENGINES
 from deepspec_train.kinds.registry import kind_spec

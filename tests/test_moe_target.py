@@ -21,7 +21,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from deepspec_train.jobs.cli import main as deepspec_main
+from deepspec_train.commands.dispatch import main as deepspec_main
 from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder
 from deepspec_train.formats.drafter_loader import load_exported_drafter

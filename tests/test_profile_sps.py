@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.export.engine_files import check_sps, read_sps, strict_json_loads
 from deepspec_train.scheduling.profile_sps import measure_batch_size, monotone_speeds, profile_target, step_shape
 from deepspec_train.scheduling.sps_table import SPSTable

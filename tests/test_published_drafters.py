@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.kinds.recipe_validation import recipe_and_kind_problems as recipe_problems
 from deepspec_train.export.exporter import plan_export
 from deepspec_train.formats.drafter_loader import load_exported_drafter
@@ -24,7 +24,7 @@ from deepspec_train.serving_layouts.eagle3_layout import complete_published_eagl
 from deepspec_train.jobs.drafter_init import initialise_from
 from deepspec_train.kinds.builder import build_drafter_for_geometry
 from deepspec_train.models.geometry import geometry_from_target_config
-from deepspec_train.jobs.entry import main as train_main
+from deepspec_train.commands.train_entry import main as train_main
 from tests.helpers.benchmark_suites import prepare_all_suites
 from tests.helpers.chat_model_drafters import drafter_recipe, random_drafter
 from tests.helpers.streaming_world import recipe_overrides

@@ -20,7 +20,7 @@ from deepspec_train.evaluation.speculative_decoder import SpeculativeDecoder, st
 from deepspec_train.export.engine_rules import check_export_dir
 from deepspec_train.formats.drafter_loader import load_exported_drafter
 from deepspec_train.jobs.assembly import chunk_builder, load_token_datasets, validation_pass, validation_plan
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.jobs.run import run_training
 from deepspec_train.realworld.gguf_source import check_gguf
 from deepspec_train.target.hidden_states import TargetTap

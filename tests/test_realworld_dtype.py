@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from tests.helpers.real_world import wheel_missing
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -197,7 +197,7 @@ def test_launch_rule(tiny_world: Path, tmp_path: Path, targets: int, world: int,
 def test_a_bad_value_fails_train_py_in_one_line_within_two_seconds_without_torch(tiny_world: Path, tmp_path: Path) -> None:
     args = ["recipe=tiny-dspark", *world_overrides(tiny_world, "tiny-dspark", tmp_path), "train.max_steps=-5"]
     probe = (
-        "import sys; from deepspec_train.jobs.entry import main; code = main(sys.argv[1:]); "
+        "import sys; from deepspec_train.commands.train_entry import main; code = main(sys.argv[1:]); "
         "print('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(code)"
     )
     # The child's CPU time, not wall time: on a shared 2-core machine the wall time also counts the other

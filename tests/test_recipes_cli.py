@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def recipes(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "deepspec_train.jobs.cli", "recipes", *argv], capture_output=True,
-                          text=True, timeout=120, cwd=cwd, env=env)
+    return subprocess.run([sys.executable, "-m", "deepspec_train.commands.dispatch", "recipes", *argv],
+                          capture_output=True, text=True, timeout=120, cwd=cwd, env=env)
 
 
 def test_list_describes_every_recipe_on_one_line() -> None:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 
 from deepspec_train.config.schema import LossConfig, RecipeConfig, TargetConfig
 from deepspec_train.formats.drafter_loader import load_exported_drafter
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.kinds.registry import kind_spec
 from deepspec_train.models.draft_vocab import build_draft_vocab
 from deepspec_train.models.parallel_drafter import ParallelDrafter

@@ -454,8 +454,8 @@ def test_output_still_works_as_the_deprecated_spelling_of_out(server, tmp_path: 
     output = tmp_path / "regen.jsonl"
     argv = ["regenerate", "--input", source, "--output", str(output), "--backend", "http",
             "--model", server.model_name, "--endpoint", server.url, "--max-new-tokens", "4", "--no-progress"]
-    proc = subprocess.run([sys.executable, "-m", "deepspec_train.jobs.cli", *argv], capture_output=True, text=True,
-                          timeout=120, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "deepspec_train.commands.dispatch", *argv], capture_output=True,
+                          text=True, timeout=120, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     notices = [line for line in proc.stderr.splitlines() if "--output" in line]
     assert notices == ["warning: --output is deprecated: use --out, as every deepspec verb does"], proc.stderr

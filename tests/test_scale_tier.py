@@ -56,7 +56,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoTokenizer
 
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.config.loader import config_to_dict
 from deepspec_train.kinds.recipe_validation import load_recipe
 from deepspec_train.config.schema import RecipeConfig

@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.formats.figures import read_drawn
 from deepspec_train.formats.eval_traces import read_traces
 from deepspec_train.scheduling.simulator import Policy, simulate

@@ -39,7 +39,7 @@ def accumulate(self, step, stats):
     return loss, parts
 
 trainer.DrafterTrainer._accumulate = accumulate
-from deepspec_train.jobs.entry import main
+from deepspec_train.commands.train_entry import main
 sys.exit(main(sys.argv[1:]))
 """
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.evaluation.suites import load_suite
 from deepspec_train.suites.benchmarks import BENCHMARK_SUITES, HUMANEVAL_INSTRUCTION, REASONING_INSTRUCTION
 from deepspec_train.suites.prepare import DEEPSPEC_SEED, draw_sample

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.evaluation.report import conditional_acceptance
 from deepspec_train.evaluation.speculative_decoder import CHAT_TEMPLATE_KWARGS, SpeculativeDecoder
 from deepspec_train.evaluation.suites import load_suite

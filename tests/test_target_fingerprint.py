@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 from deepspec_train.export.exporter import export_drafter
 from deepspec_train.formats.drafter_loader import FINGERPRINT_FIELD, load_exported_drafter
 from deepspec_train.formats.trained_drafter import write_trained_drafter

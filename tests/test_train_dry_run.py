@@ -21,7 +21,7 @@ from tests.helpers.checkable_target import write_chat_rows, write_checkable_targ
 REPO = Path(__file__).resolve().parents[1]
 # Runs train.py's entry and reports on stderr whether torch was imported, keeping stdout for the YAML.
 PROBE = (
-    "import sys; from deepspec_train.jobs.entry import main; code = main(sys.argv[1:]); "
+    "import sys; from deepspec_train.commands.train_entry import main; code = main(sys.argv[1:]); "
     "sys.stderr.write('torch imported' if 'torch' in sys.modules else 'torch not imported'); sys.exit(code)"
 )
 
@@ -104,7 +104,7 @@ def test_deepspec_train_dry_run_prints_what_train_py_prints(overrides) -> None:
     expected = run([sys.executable, "train.py", "recipe=tiny-eagle3", *overrides, "--dry-run"])
     assert expected.returncode == 0, expected.stderr
     for argv in (["--dry-run", "recipe=tiny-eagle3", *overrides], ["recipe=tiny-eagle3", "--dry-run", *overrides]):
-        proc = run([sys.executable, "-m", "deepspec_train.jobs.cli", "train", *argv])
+        proc = run([sys.executable, "-m", "deepspec_train.commands.dispatch", "train", *argv])
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout == expected.stdout
 

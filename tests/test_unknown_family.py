@@ -21,7 +21,7 @@ import torch
 from transformers import (AutoModelForCausalLM, GPT2Config, MistralConfig, Olmo2Config, Phi3Config)
 
 from deepspec_train.common.errors import UserError
-from deepspec_train.jobs.cli import main as deepspec
+from deepspec_train.commands.dispatch import main as deepspec
 from deepspec_train.jobs.run import run_training
 from deepspec_train.models.geometry import geometry_from_target_config
 from deepspec_train.kinds.recipe_validation import load_recipe

@@ -61,7 +61,7 @@ def refused(argv: list[str], cwd: Path, setting: str, reason: str) -> None:
 
 
 def deepspec(*args: str) -> list[str]:
-    return [sys.executable, "-m", "deepspec_train.jobs.cli", *args]
+    return [sys.executable, "-m", "deepspec_train.commands.dispatch", *args]
 
 
 def test_data_check_refuses_a_missing_target_and_an_unreachable_hub_id(world) -> None:

@@ -3,12 +3,12 @@
     python -m tools.docs_reference            # rewrite docs/reference/commands.md and recipe_keys.md
     python -m tools.docs_reference --check    # exit 1, naming the stale page, when either is out of date
 
-``docs/reference/commands.md`` is built from the argparse parsers themselves (``jobs.cli.VERBS``, each verb module's
-``add_arguments``, sub-verbs included) plus ``train.py``'s own command line; ``docs/reference/recipe_keys.md`` from
-the schema dataclasses (``config/schema.py``: key, type, default and the comment above each field) and the rules
-``config/rules.py`` states for a single key (ranges read from its checking calls, refusals read from its message
-strings). Nothing is run: building the parsers imports each verb's module, nothing more. ``tests/test_docs_truth.py``
-renders both pages in memory and fails when the committed files differ.
+``docs/reference/commands.md`` is built from the argparse parsers themselves (``commands.dispatch.VERBS``, each verb
+module's ``add_arguments``, sub-verbs included) plus ``train.py``'s own command line;
+``docs/reference/recipe_keys.md`` from the schema dataclasses (``config/schema.py``: key, type, default and the
+comment above each field) and the rules ``config/rules.py`` states for a single key (ranges read from its checking
+calls, refusals read from its message strings). Nothing is run: building the parsers imports each verb's module,
+nothing more. ``tests/test_docs_truth.py`` renders both pages in memory and fails when the committed files differ.
 
 Each page is written by hand above ``GENERATED_NOTE`` (the commands page's table of what each verb is for, with
 examples) and generated below it: a regeneration keeps the hand-written part as committed, so one page can hold
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
-import importlib
 import inspect
 import re
 import sys
@@ -30,8 +29,8 @@ from typing import Any, Iterator, Literal, Union, get_args, get_origin
 
 from deepspec_train.config import rules as rules_module
 from deepspec_train.config.schema import RecipeConfig
-from deepspec_train.jobs.cli import VERBS
-from deepspec_train.jobs.entry import DRY_RUN, USAGE
+from deepspec_train.commands.dispatch import VERBS
+from deepspec_train.commands.train_entry import DRY_RUN, USAGE
 
 REPO = Path(__file__).resolve().parents[1]
 COMMANDS_PAGE = Path("docs/reference/commands.md")
@@ -51,10 +50,10 @@ def _cell(text: object) -> str:
 
 
 def verb_parser(verb: str) -> argparse.ArgumentParser:
-    """The parser ``deepspec VERB`` builds, exactly as ``jobs.cli.main`` builds it (the verb's module imported)."""
-    module_name, help_text = VERBS[verb]
-    parser = argparse.ArgumentParser(prog=f"deepspec {verb}", description=help_text)
-    importlib.import_module(module_name).add_arguments(parser)
+    """The parser ``deepspec VERB`` builds, exactly as ``commands.dispatch.main`` builds it (the verb's module
+    imported)."""
+    parser = argparse.ArgumentParser(prog=f"deepspec {verb}", description=VERBS[verb].help)
+    VERBS[verb].load().add_arguments(parser)
     return parser
 
 
@@ -121,8 +120,9 @@ def _parser_section(parser: argparse.ArgumentParser, level: int) -> Iterator[str
 
 def render_commands() -> str:
     lines = [
-        "Every `deepspec` verb and its arguments, read from the argparse definitions (`deepspec_train/jobs/cli.py`",
-        "and each verb's `add_arguments`). `--help` prints the same and exits 0 everywhere; a bad argument exits 2.",
+        "Every `deepspec` verb and its arguments, read from the argparse definitions",
+        "(`deepspec_train/commands/dispatch.py` and each verb's `add_arguments`). `--help` prints the same and exits 0",
+        "everywhere; a bad argument exits 2.",
         "Exit statuses: `exit_statuses.md`.",
         "",
         "## `deepspec`",

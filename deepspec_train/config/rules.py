@@ -11,8 +11,8 @@ Three groups, each a function returning one-line messages (empty when the recipe
 - ``launch_problems``: what needs the launch (world size): enough processes for the topology, at least one
   sequence per step for every drafter rank (the drafter count need not divide the global batch).
 
-``kinds.recipe_validation.load_recipe`` runs the first two with the kind's rules, ``jobs.entry`` the third; each message
-names the key, the value and what is allowed.
+``kinds.recipe_validation.load_recipe`` runs the first two with the kind's rules, ``commands.train_entry`` the third;
+each message names the key, the value and what is allowed.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@
 holds rows, and they have one shape: ``data.shape_detection``) and, last because it imports transformers and torch, the
 target's tokenizer. Each finding is one line: ``ok``, ``not checked`` (a datasets hub name, read only when the run
 starts) or ``stops`` (what a real run would refuse). A real run raises the first ``stops`` line before it creates
-its folders (``jobs.entry``); ``--dry-run`` prints them all after the resolved config and exits 2 when one stops
-the run.
+its folders (``commands.train_entry``); ``--dry-run`` prints them all after the resolved config and exits 2 when
+one stops the run.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A refused run leaves nothing behind: the folders it created are removed again when it ends with a user error.
 
-``jobs.entry`` checks everything it can before it creates ``run.output_dir`` and ``data.cache_dir``
+``commands.train_entry`` checks everything it can before it creates ``run.output_dir`` and ``data.cache_dir``
 (``jobs.preflight``), but some refusals only come once the run has started (a data source whose later rows are
 mostly unusable, a ``drafter.init_from`` that does not fit). ``removed_if_refused`` notes whether the run folder
 exists yet, counting from its highest missing parent, and removes what it created when the work inside raises

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deepspec_train.jobs.cli import main
+from deepspec_train.commands.dispatch import main
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 

@@ -3,7 +3,7 @@
     python -m tests.helpers.scale_streamed_ranks RUNS.json    # RANK / WORLD_SIZE / MASTER_ADDR set, as srun would
 
 ``RUNS.json`` is a list of ``{"port": P, "argv": [...]}``; for each entry in turn the rank calls the real training
-entry (``jobs.entry.main``, what ``train.py`` runs) with ``argv`` and ``MASTER_PORT=P``, so every recipe is a
+entry (``commands.train_entry.main``, what ``train.py`` runs) with ``argv`` and ``MASTER_PORT=P``, so every recipe is a
 full streamed launch (its own gloo process group, target worker and drafter worker) and only the interpreter's
 start-up (imports of torch, transformers and the package) is shared between recipes. Stops at the first run
 that fails, with its exit code.
@@ -20,7 +20,7 @@ import os
 import sys
 from pathlib import Path
 
-from deepspec_train.jobs.entry import main as train_main
+from deepspec_train.commands.train_entry import main as train_main
 from tests.helpers.streaming_world import read_logs, start_ranks, wait_all
 
 STREAMED_TIMEOUT_S = 900

@@ -1,4 +1,5 @@
-"""Command-line entry of training: ``recipe=NAME`` plus ``dotted.key=value`` overrides.
+"""Command-line entry of training (``train.py``, ``deepspec train``): ``recipe=NAME`` plus ``dotted.key=value``
+overrides.
 
 The recipe is validated before anything heavy is imported or loaded (its types, the rules of ``config.rules``,
 the target's config.json, the launch's process count and whether ``run.output_dir`` may take this run), so a bad
@@ -49,6 +50,7 @@ DRY_RUN = "--dry-run"
 
 
 def parse_command_line(argv: list[str]) -> tuple[str, list[str]]:
+    """The recipe named by ``recipe=`` and the overrides, in order; ``ConfigError`` (with the usage) otherwise."""
     recipe = None
     overrides = []
     for arg in argv:
@@ -92,6 +94,7 @@ NAME` prints a recipe with every key filled in; docs/reference/training.md expla
 
 
 def main(argv: list[str]) -> int:
+    """Check and run ``train.py ARGV``; its exit status (``deepspec_train.common.errors``)."""
     return exit_on_user_error(lambda: _train_from_command_line(argv))
 
 
@@ -145,7 +148,7 @@ def _refuse_if_stopped(checks: Preflight, dry_run: bool) -> None:
 
 def _train_groups(argv: list[str], dry_run: bool) -> int:
     """A run of drafter groups (``compare=`` / ``seeds=``, ``jobs.drafter_groups``): every group validated, its
-    directory checked and prepared, then one colocated job trains them all."""
+    directory checked and prepared, then one job trains them all (``jobs.run``)."""
     groups = load_groups(parse_group_command_line([arg for arg in argv if arg != DRY_RUN]))
     problems = launch_and_output_problems(groups)
     if problems:

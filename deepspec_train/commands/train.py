@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from deepspec_train.jobs.entry import DRY_RUN, main
+from deepspec_train.commands.train_entry import DRY_RUN, main
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
