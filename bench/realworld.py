@@ -158,8 +158,9 @@ def prepare_suites(args: argparse.Namespace, out: Path) -> list[Suite]:
         if not source.exists():
             raise SystemExit(f"{source}: not found (the benchmark reads GSM8K test and HumanEval from --datasets)")
         if not written.is_file():
-            subprocess.run([sys.executable, "-m", "deepspec_train.jobs.cli", "suites", "prepare", name, "--input",
-                            str(source), "--out", str(written), "--sample", str(args.prompts), "--no-progress"],
+            subprocess.run([sys.executable, "-m", "deepspec_train.commands.dispatch", "suites", "prepare", name,
+                            "--input", str(source), "--out", str(written), "--sample", str(args.prompts),
+                            "--no-progress"],
                            cwd=REPO, check=True)
         suites.append(load_suite(str(written), None, args.prompts))
     return suites
