@@ -144,29 +144,42 @@ def test_target_layers_start_the_drafter(streaming_world, tmp_path) -> None:
         initialise_from_target(drafter, cfg)
 
 
-# Several processes each: a few seconds per test.
+# Both levers on, streamed (1 target worker + 1 drafter rank), 12 steps: passes of 2 steps, validation every 4.
+STREAMED = {"topology.target_workers": 1, "train.max_steps": 12, "train.feature_reuse": 2,
+            "drafter.init_from_target_layers": "[1]", "train.eval_every": 4}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_streamed_run(streaming_world, tmp_path_factory):
+    """One uninterrupted streamed run with ``STREAMED``, shared by the two streamed tests below (each launch of
+    processes costs seconds, its 12 steps almost nothing): colocated must equal it, and a run stopped in the middle
+    of a pass must resume to it."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "streamed"
+    run_ranks(recipe_overrides(streaming_world, out, **STREAMED), 2, out / "logs")
+    return out
+
+
 @pytest.mark.slow
-def test_streamed_features_equal_colocated_with_reuse_and_target_init(streaming_world, tmp_path) -> None:
-    levers = {"train.feature_reuse": 2, "drafter.init_from_target_layers": "[1]", "train.max_steps": 6}
-    streamed, colocated = tmp_path / "streamed", tmp_path / "colocated"
-    run_ranks(recipe_overrides(streaming_world, streamed, **levers, **{"topology.target_workers": 1}), 2,
-              streamed / "logs")
-    run_training(_cfg(streaming_world, colocated, **levers))
-    expected, got = step_losses(colocated), step_losses(streamed)
-    assert sorted(got) == list(range(1, 7)) and got == expected
+def test_streamed_features_equal_colocated_with_reuse_and_target_init(streaming_world, uninterrupted_streamed_run,
+                                                                       tmp_path) -> None:
+    colocated = tmp_path / "colocated"
+    run_training(_cfg(streaming_world, colocated, **{k: v for k, v in STREAMED.items()
+                                                     if k != "topology.target_workers"}))
+    expected, got = step_losses(colocated), step_losses(uninterrupted_streamed_run)
+    assert sorted(got) == list(range(1, 13)) and got == expected
     plain = tmp_path / "plain"
-    run_training(_cfg(streaming_world, plain, **{"train.max_steps": 6}))
+    run_training(_cfg(streaming_world, plain, **{"train.max_steps": 12, "train.eval_every": 4}))
     assert step_losses(plain) != expected
 
 
 @pytest.mark.slow
-def test_a_streamed_run_stopped_in_the_middle_of_a_pass_resumes_exactly(streaming_world, tmp_path) -> None:
-    common = {"topology.target_workers": 1, "train.max_steps": 12, "train.feature_reuse": 2, "train.eval_every": 4}
-    full, split = tmp_path / "full", tmp_path / "split"
-    run_ranks(recipe_overrides(streaming_world, full, **common), 2, full / "logs")
-    run_ranks(recipe_overrides(streaming_world, split, **common, **{"train.stop_at_step": 5}), 2, split / "logs1")
-    run_ranks(recipe_overrides(streaming_world, split, **common, **{"train.resume": "auto"}), 2, split / "logs2")
-    expected, resumed = step_losses(full), step_losses(split)
+def test_a_streamed_run_stopped_in_the_middle_of_a_pass_resumes_exactly(streaming_world, uninterrupted_streamed_run,
+                                                                        tmp_path) -> None:
+    split = tmp_path / "split"
+    # Step 5 is the first step of the third pass: the resumed run must build that pass again for step 6.
+    run_ranks(recipe_overrides(streaming_world, split, **STREAMED, **{"train.stop_at_step": 5}), 2, split / "logs1")
+    run_ranks(recipe_overrides(streaming_world, split, **STREAMED, **{"train.resume": "auto"}), 2, split / "logs2")
+    expected, resumed = step_losses(uninterrupted_streamed_run), step_losses(split)
     assert sorted(resumed) == list(range(1, 13)) and resumed == expected
 
 

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -105,11 +105,20 @@ def test_the_modeled_table_moves_the_way_the_levers_do() -> None:
     assert costs[(16, 8)].kept_bytes_per_gpu > 0 == costs[(16, 1)].kept_bytes_per_gpu
 
 
-def test_the_command_takes_a_recipe_and_overrides_and_refuses_a_bad_key_in_one_line() -> None:
-    command = [sys.executable, "-m", "deepspec_train.costs", "levers", "qwen3-8b"]
-    ok = subprocess.run(command + ["train.feature_reuse=4", "anchors.num_per_sequence=64"], capture_output=True,
-                        text=True, check=True)
-    rows = [line for line in ok.stdout.splitlines() if line.startswith("| qwen3-8b")]
+def _command(monkeypatch, *words: str) -> int:
+    """``python -m deepspec_train.costs levers qwen3-8b WORDS``, run as ``__main__`` in this process (a fresh
+    interpreter would only import torch and transformers again); its exit status."""
+    monkeypatch.setattr(sys, "argv", ["python -m deepspec_train.costs", "levers", "qwen3-8b", *words])
+    try:
+        runpy.run_module("deepspec_train.costs", run_name="__main__")
+    except SystemExit as ended:
+        return ended.code
+    return 0
+
+
+def test_the_command_takes_a_recipe_and_overrides_and_refuses_a_bad_key_in_one_line(monkeypatch, capsys) -> None:
+    assert _command(monkeypatch, "train.feature_reuse=4", "anchors.num_per_sequence=64") == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| qwen3-8b")]
     assert [row.split(" | ")[1:3] for row in rows] == [["512", "1"], ["64", "4"]]
-    bad = subprocess.run(command + ["train.feature_reus=4"], capture_output=True, text=True)
-    assert bad.returncode == 2 and "train.feature_reuse" in bad.stderr.strip().splitlines()[-1]
+    assert _command(monkeypatch, "train.feature_reus=4") == 2
+    assert "train.feature_reuse" in capsys.readouterr().err.strip().splitlines()[-1]

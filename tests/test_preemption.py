@@ -1,8 +1,9 @@
 """Preemption: SIGTERM to a ``torchrun`` of two colocated ranks, and to the target worker of a streamed 1 + 1
 run (plain processes, no agent): every rank finishes its step, one checkpoint is written, one line is logged,
 every worker exits with status 4, and ``train.resume=auto`` then gives per-step losses and final weights equal,
-bit for bit, to an uninterrupted run's. A second signal during the stop kills the process at once, and whatever
-checkpoints are left still verify.
+bit for bit, to an uninterrupted run's (for the streamed run, its recipe trained colocated in this process: the
+streamed features are the colocated ones, bit for bit). A second signal during the stop kills the process at
+once, and whatever checkpoints are left still verify.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from deepspec_train.training.checkpoint_manifest import checkpoint_problem
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 from tests.helpers.preempted_runs import assert_same_run, preempted_once, wait_for_steps
 from tests.helpers.streaming_world import (
-    REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks, wait_all,
+    REPO, free_port, rank_env, read_logs, recipe_overrides, run_ranks, start_ranks, train_in_process, wait_all,
 )
 
 pytestmark = pytest.mark.slow
@@ -69,10 +70,14 @@ def test_sigterm_to_torchrun_of_two_colocated_ranks(streaming_world, tmp_path) -
 # With feature reuse (each target pass feeding 3 steps) the stop usually falls in the middle of a pass, which the
 # resumed run builds again; 3 times the steps keep the run from ending before the signal lands.
 @pytest.mark.parametrize(("reuse", "first", "steps"), [(1, 3, STEPS), (3, 4, 3 * STEPS)])
+@pytest.mark.usefixtures("one_torch_thread")  # the in-process run reduces in the order of the one-thread ranks
 def test_sigterm_to_the_target_worker_of_a_streamed_run(streaming_world, tmp_path, reuse, first, steps) -> None:
-    streamed = COMMON | {"topology.target_workers": 1, "train.feature_reuse": reuse, "train.max_steps": steps}
+    settings = COMMON | {"train.feature_reuse": reuse, "train.max_steps": steps}
+    streamed = settings | {"topology.target_workers": 1}
     full, split = tmp_path / "full", tmp_path / "split"
-    run_ranks(recipe_overrides(streaming_world, full, **streamed), 2, full / "logs", timeout=300)
+    # The uninterrupted run trains in this process: a streamed run's features are the colocated ones, bit for bit
+    # (test_streaming_launch, test_drafter_groups_streamed), and a launch of processes costs seconds.
+    train_in_process(streaming_world, full, **settings)
     procs = start_ranks(["train.py", *recipe_overrides(streaming_world, split, **streamed)], 2, split / "logs1")
     wait_for_steps(split, first, procs, f"the streamed run did not reach step {first}")
     procs[0].send_signal(signal.SIGTERM)

@@ -1,5 +1,6 @@
 """Exact resume in streamed mode (1 target + 1 drafter, gloo, CPU fp32): 10 steps, then ``train.resume=auto``
-for 10 more, gives the same per-step losses as 20 uninterrupted steps. 20 steps cross an epoch boundary
+for 10 more, gives the same per-step losses as 20 uninterrupted steps (trained colocated in this process: the
+streamed features are the colocated ones, ``test_streaming_launch``). 20 steps cross an epoch boundary
 (12 steps per epoch here), so the data position, the LR schedule, the optimizer and the RNG all have to come
 back right; the checkpoint holds only safetensors, JSON and tensor-only ``torch.save`` files. The resumed run's
 log lines come from each role's own rank 0."""
@@ -12,16 +13,16 @@ import pytest
 import torch
 
 from deepspec_train.training.checkpoint import list_checkpoints
-from tests.helpers.streaming_world import recipe_overrides, run_ranks, step_losses
+from tests.helpers.streaming_world import recipe_overrides, run_ranks, step_losses, train_in_process
 
 # Several processes each: a few seconds per test.
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def test_resumed_streamed_run_matches_uninterrupted(streaming_world, tmp_path) -> None:
     common = {"topology.target_workers": 1, "train.max_steps": 20, "train.eval_every": 1000, "train.checkpoint_every": 1000}
     full, split = tmp_path / "full", tmp_path / "split"
-    run_ranks(recipe_overrides(streaming_world, full, **common), 2, full / "logs")
+    train_in_process(streaming_world, full, **common | {"topology.target_workers": 0})
     run_ranks(recipe_overrides(streaming_world, split, **common, **{"train.stop_at_step": 10}), 2, split / "logs1")
     stopped = list_checkpoints(split)
     assert [p.name for p in stopped] == ["step_00000010"]

@@ -79,6 +79,17 @@ def recipe_overrides(world: dict[str, str], output_dir: Path, **extra) -> list[s
     return ["recipe=tiny-dspark"] + [f"{k}={v}" for k, v in values.items()]
 
 
+def train_in_process(world: dict[str, str], output_dir: Path, **extra) -> Path:
+    """The run of ``recipe_overrides(world, output_dir, **extra)`` trained colocated in this process (no launch of
+    processes: seconds saved where a test only needs the uninterrupted run's losses and weights); ``output_dir``."""
+    from deepspec_train.jobs.run import run_training
+    from deepspec_train.kinds.recipe_validation import load_recipe
+
+    overrides = recipe_overrides(world, output_dir, **extra)
+    run_training(load_recipe(overrides[0].split("=", 1)[1], overrides[1:]))
+    return output_dir
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
