@@ -5,7 +5,7 @@ Each group's per-step losses, validation metrics and final weights equal, bit fo
 with the same ``run.seed`` and ``run.data_seed`` (the streamed features of one drafter rank are the colocated
 ones, ``test_streaming_launch.py``); a group with fewer steps ends while the other goes on; a user error in one
 group ends every rank with one line naming the group; SIGTERM leaves one checkpoint per group and
-``train.resume=auto`` finishes both as if uninterrupted.
+``train.resume=auto`` finishes both as if uninterrupted (the `full` tier).
 """
 
 from __future__ import annotations
@@ -91,6 +91,9 @@ def test_a_user_error_in_one_streamed_group_ends_every_rank_in_one_line(streamin
     assert "Traceback" not in logs
 
 
+# Full tier: SIGTERM to a streamed run (a drafter group of one, the same job path) is test_preemption's, and
+# preemption of several groups (one checkpoint each, resume restores them all) is test_drafter_groups' colocated one.
+@pytest.mark.full
 def test_preemption_checkpoints_every_streamed_group_and_resume_restores_them(streaming_world, tmp_path: Path) -> None:
     steps = 24
     settings = {"train.max_steps": steps, "train.eval_every": steps, "train.checkpoint_every": steps}

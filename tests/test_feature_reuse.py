@@ -10,7 +10,7 @@ from target layers (``drafter.init_from_target_layers``), against brute-force re
   fits its one layer, and a layer the target lacks is refused in one line;
 - streamed features equal colocated ones with both levers on (per-step losses bit for bit), and a streamed run
   stopped in the middle of a pass (``train.stop_at_step``) resumes to the uninterrupted run's losses (SIGTERM with
-  reuse: ``test_preemption``);
+  reuse: ``test_preemption``, full tier);
 - drafter groups with their own reuse each train as their recipe alone.
 """
 

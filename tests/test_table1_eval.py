@@ -200,7 +200,10 @@ def test_old_single_drafter_invocation_still_writes_results_json(world, tmp_path
     assert os.path.basename(results["drafter"]) == "drafter"
 
 
+# Full tier: the same command, suites, kinds, intervals and W&B runs on the random tiny target are
+# test_one_command_compares_every_kind_on_every_suite's.
 @pytest.mark.slow
+@pytest.mark.full
 def test_table1_on_the_tiny_world_target_from_the_shared_datasets(tiny_world, tmp_path, monkeypatch):
     """The issue's acceptance run: suites prepared from ``../shared/datasets`` (or their fixtures) and the other
     schemas, DSpark, DFlash, EAGLE-3 and DFlash2 for the tiny world's target, one command, intervals and W&B runs."""
