@@ -93,6 +93,10 @@ SAVE_RECORDS = {"_name_or_path", "dtype", "transformers_version"}
 # recipe cover; the other recipes stream in the full tier. DFlash2 sends DFlash's tensors: its streamed = colocated
 # check in the default run is the tiny one of tests/test_dflash2_streamed.py, the Qwen3-8B copy's is in the full tier.
 STREAMED_BY_DEFAULT = ("qwen3-8b", "qwen3-8b-dflash", "qwen3-8b-eagle3")
+# Trained colocated in the full tier only: Qwen3-235B-A22B is Qwen3-30B-A3B's MoE architecture (routed experts,
+# 4 KV heads) at 94 layers, which the default run still reads in its copy (the published-architecture test below)
+# and in its recipe's real-shape export (tests/test_engine_rules.py); docs/contributors/testing.md pairs them.
+TRAINED_IN_FULL_TIER_ONLY = ("qwen3-235b-a22b",)
 
 
 @pytest.fixture(scope="session")
@@ -192,7 +196,8 @@ def _validation_batch(cfg):
     return validation_batch(cfg, datasets["validation"])
 
 
-@pytest.mark.parametrize("recipe", list(SCALE_TIER))
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=pytest.mark.full) if r in TRAINED_IN_FULL_TIER_ONLY else r
+                                    for r in SCALE_TIER])
 def test_recipe_trains_exports_reloads_and_passes_the_engine_rules(
     recipe: str, colocated_runs, streamed_launch, capsys
 ) -> None:
