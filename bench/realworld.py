@@ -1,6 +1,6 @@
 """The benchmark on a real model: DSpark, DFlash, DFlash2 and EAGLE-3 for SmolLM2-135M-Instruct, several training
-seeds, trained until the learning curves flatten and judged on GSM8K test and HumanEval with the exact speculative
-decoder.
+seeds, trained at a stated budget with learning curves that say whether it converged them, and judged on GSM8K test
+and HumanEval with the exact speculative decoder.
 
     python bench/realworld.py --target artifacts/smollm2/target --data artifacts/smollm2/data --out runs/realworld
     python bench/realworld.py ... --training-seeds 1 --steps 4 --prompts 2 --new-tokens 16   # a smoke run
@@ -11,13 +11,13 @@ decoder.
 1. Prepares the suites with ``deepspec suites prepare`` from ``--datasets`` (default ``../shared/datasets``):
    GSM8K test and HumanEval, ``--prompts`` of each drawn as DeepSpec draws them. Nothing is tuned on them.
 2. Trains ``smollm2-135m-dspark``, ``-dflash``, ``-dflash2`` and ``-eagle3`` for every training seed as drafter
-   groups over one target pass (``bench/group_training.py``: ``train.py recipe=smollm2-135m-dspark compare=[...] seeds=N``; the
-   seeds differ in initialisation and anchors, every group trains on the same data in the same order) with one
-   budget (``--steps``; each target pass feeds ``--feature-reuse`` optimizer steps, the lever that paid in
-   ``bench/learning_levers.py``), on the regenerated conversations in ``--data`` (``train.jsonl``,
-   ``validation.jsonl``); ``--train-jobs J`` splits the kinds over J commands side by side. ``--stop-at S`` ends
-   this invocation at step S of that schedule; ``--reuse`` continues runs from their checkpoints, so a budget longer
-   than one session accumulates over invocations (``bench/group_training.py``).
+   groups over one target pass (``bench/group_training.py``: ``train.py recipe=smollm2-135m-dspark
+   compare=[...] seeds=N``; the seeds differ in initialisation and anchors, every group trains on the same data
+   in the same order) with one budget (``--steps``; each target pass feeds ``--feature-reuse`` optimizer steps,
+   the lever that paid in ``bench/learning_levers.py``), on the regenerated conversations in ``--data``
+   (``train.jsonl``, ``validation.jsonl``); ``--train-jobs J`` splits the kinds over J commands side by side.
+   ``--stop-at S`` ends this invocation at step S of that schedule; ``--reuse`` continues runs from their
+   checkpoints, so a budget longer than one session accumulates over invocations (``bench/group_training.py``).
 3. Exactness: for every drafter, greedy speculative decoding of ``--exactness-prompts`` prompts equals the
    target's ``generate(do_sample=False)``, token for token (the script stops if not); at T = 1 the first token of
    ``--distribution-samples`` speculative rounds follows the target's law (``bench/first_token_law.py``, the
@@ -92,13 +92,14 @@ class Budget:
     sampling_seeds: int
 
 
-# The laptop budget: one working session (at most 150 minutes) on the 2-core machine with 2 training seeds of the
-# 4 kinds. Each target pass of 4 sequences feeds 4 optimizer steps (on SmolLM2, reuse 4 after 10 passes reached
-# validation E[L] 0.398 against 0.302 after 40 passes without: docs/reference/benchmarks.md), so 800 steps forward 200 passes,
-# about 800 sequences: one epoch of the regenerated answers, none repeated. A (drafter, prompt) answer of up to 64
-# tokens costs about 7.5 core-seconds, so 10 prompts per suite at two temperatures are about 20 minutes for eight
-# drafters. Measured run time: docs/reference/benchmarks.md, section "A real model".
-LAPTOP = Budget(steps=800, anchors=16, batch=4, feature_reuse=4, evaluations=8, prompts=10, new_tokens=64,
+# The laptop budget: one working session (at most 150 minutes) on the idle 2-core machine, 2 training seeds of the
+# 4 kinds, one torch thread. Each target pass of 4 sequences feeds 4 optimizer steps (on SmolLM2, reuse 4 after 10
+# passes reached validation E[L] 0.398 against 0.302 after 40 passes without: docs/reference/benchmarks.md), so
+# 400 steps forward 100 passes, 400 of the 716 regenerated conversations, none repeated. Measured 2026-12-07: a
+# step of the eight drafters 16.3 s on the idle machine (one thread), so 400 steps and 8 validations about 115
+# minutes; the exactness and law checks and decoding 10 prompts per suite at two temperatures about 30 more
+# (docs/reference/benchmarks.md, section "A real model"). A longer schedule accumulates: --stop-at, then --reuse.
+LAPTOP = Budget(steps=400, anchors=16, batch=4, feature_reuse=4, evaluations=8, prompts=10, new_tokens=64,
                 sampling_seeds=1)
 LAPTOP_SEEDS = 2
 
