@@ -35,14 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.group_training import plan_training, tokens_per_pass, train_all  # noqa: E402
-from bench.validation_curve import logged_values  # noqa: E402
+from bench.validation_curve import CONVERGED_GAIN, linear_from_zero, logged_values  # noqa: E402
 from deepspec_train.formats.figures import new_figure, save_png  # noqa: E402
 
 BASE_RECIPE = "smollm2-135m-dspark"
 # The laptop budget of bench/realworld.py: 4 sequences a step, 16 anchors a sequence.
 BATCH = 4
-# A variant has converged when its last quarter of target passes added less than this share of its E[L].
-CONVERGED_GAIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -166,19 +164,8 @@ class LeverCurve:
         return [seed[-1] for seed in self.per_seed]
 
     def at(self, passes: float) -> list[float]:
-        """Per seed, E[L] interpolated linearly at ``passes`` (0 before the first evaluation, the last value
-        after the last one)."""
-        xs = [0, *self.passes]
-        values = []
-        for seed in self.per_seed:
-            ys = [0.0, *seed]
-            if passes >= xs[-1]:
-                values.append(ys[-1])
-                continue
-            k = next(i for i in range(1, len(xs)) if xs[i] >= passes)
-            share = (passes - xs[k - 1]) / (xs[k] - xs[k - 1])
-            values.append(ys[k - 1] + share * (ys[k] - ys[k - 1]))
-        return values
+        """Per seed, E[L] at ``passes`` (``linear_from_zero``)."""
+        return [linear_from_zero(self.passes, seed, passes) for seed in self.per_seed]
 
     def last_quarter_gain(self) -> float:
         """The share of its final mean E[L] that the last quarter of its passes added."""

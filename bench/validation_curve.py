@@ -25,6 +25,16 @@ METRIC = "val/expected_len"
 CONVERGED_GAIN = 0.05
 
 
+def linear_from_zero(xs: list[float], ys: list[float], x: float) -> float:
+    """A learning curve's value at ``x``: linear between the evaluated points ``(xs, ys)`` and from 0 at x = 0, the
+    last value after the last point."""
+    xs, ys = [0, *xs], [0.0, *ys]
+    if x >= xs[-1]:
+        return ys[-1]
+    k = next(i for i in range(1, len(xs)) if xs[i] >= x)
+    return ys[k - 1] + (x - xs[k - 1]) / (xs[k] - xs[k - 1]) * (ys[k] - ys[k - 1])
+
+
 @dataclass(frozen=True)
 class Curve:
     """One kind's validation E[L] at each evaluated step: the mean, lowest and highest over its training seeds."""
@@ -42,13 +52,8 @@ class Curve:
         return self.mean[-1] - self.mean[-2] if len(self.mean) > 1 else None
 
     def mean_at(self, step: float) -> float:
-        """The mean E[L] at ``step``, linear between evaluations and from 0 at step 0, the last value after the
-        last evaluation."""
-        xs, ys = [0, *self.steps], [0.0, *self.mean]
-        if step >= xs[-1]:
-            return ys[-1]
-        k = next(i for i in range(1, len(xs)) if xs[i] >= step)
-        return ys[k - 1] + (step - xs[k - 1]) / (xs[k] - xs[k - 1]) * (ys[k] - ys[k - 1])
+        """The mean E[L] at ``step`` (``linear_from_zero``)."""
+        return linear_from_zero(self.steps, self.mean, step)
 
     @property
     def last_quarter_share(self) -> float | None:
