@@ -22,8 +22,10 @@ def package_version() -> str:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         pass
-    if PYPROJECT.is_file():
+    try:
         found = _VERSION_LINE.search(PYPROJECT.read_text())
-        if found:
-            return found.group(1)
-    return "unknown"
+    except OSError:
+        # No checkout there, or one the running user may not read (a verb run as another user from a private
+        # folder): no version to report, which must not stop the verb.
+        return "unknown"
+    return found.group(1) if found else "unknown"
