@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,10 +22,11 @@ import torch
 from torch import nn
 
 from deepspec_train.common.errors import UserError
+from deepspec_train.training import checkpoint as checkpoint_module
 from deepspec_train.training.checkpoint import (
     LocalTrainState, list_checkpoints, load_checkpoint, load_run_state, resolve_resume, save_checkpoint,
 )
-from deepspec_train.training.checkpoint_manifest import MANIFEST_FILE
+from deepspec_train.training.checkpoint_manifest import MANIFEST_FILE, checkpoint_problem
 from deepspec_train.training.distributed import DistContext
 from tests.helpers.streaming_world import REPO, rank_env, recipe_overrides
 
@@ -138,6 +140,37 @@ def test_checkpoint_without_manifest_is_accepted_with_a_warning(tmp_path, warnin
     truncate(old / "drafter.safetensors")
     with pytest.raises(UserError, match=f"{old / 'drafter.safetensors'} cannot be read: .*invalid header length"):
         load_checkpoint(CTX, old, model, state, scheduler, run_state)
+
+
+class Killed(BaseException):
+    """What a SIGKILL does to the deleting process, in the one place it matters: between two files."""
+
+
+@pytest.mark.parametrize("keep_last", [1, 0])
+def test_a_kill_while_an_old_checkpoint_is_deleted_leaves_only_whole_ones(tmp_path, monkeypatch, keep_last) -> None:
+    """Rotation (``keep_last=1``) and a rerun's overwrite of the same step (``keep_last=0`` keeps everything) delete
+    a whole checkpoint; a kill after its first file must not leave the rest under a ``step_*`` name."""
+    write_checkpoints(tmp_path, steps=(2,))
+    real_rmtree = shutil.rmtree
+
+    def killed_after_one_file(path, ignore_errors=False):
+        first = sorted(p for p in Path(path).iterdir())[0] if Path(path).is_dir() else None
+        if first is None:
+            return real_rmtree(path, ignore_errors=ignore_errors)
+        first.unlink()
+        raise Killed
+
+    _, state, scheduler = training_state()
+    step = 4 if keep_last else 2
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", killed_after_one_file)
+    with pytest.raises(Killed):
+        save_checkpoint(CTX, tmp_path, step, state, scheduler, {"epoch": 0, "step_in_epoch": step}, keep_last=keep_last)
+    monkeypatch.setattr(checkpoint_module.shutil, "rmtree", real_rmtree)
+    kept = list_checkpoints(tmp_path)
+    assert kept and all(checkpoint_problem(path) is None for path in kept), kept
+    # The next save removes the leftover.
+    save_checkpoint(CTX, tmp_path, 6, state, scheduler, {"epoch": 0, "step_in_epoch": 6}, keep_last=1)
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000006"]
 
 
 def test_verified_checkpoint_restores_the_saved_state(tmp_path) -> None:

@@ -5,7 +5,9 @@ the frozen embedding / LM head come back from the target), ``optimizer.pt`` (a `
 over the trainable parameters in ``named_parameters`` order) and ``rng_rank{r}.pt`` (tensors only, read back with
 ``weights_only=True``), ``trainer_state.json`` (step, scheduler, data position) and ``manifest.json`` (size and
 SHA-256 of every other file, see ``checkpoint_manifest``). A checkpoint is written to a temporary directory and
-renamed into place, manifest included, so a crash never leaves a half-written one under the final name.
+renamed into place, manifest included, so a crash never leaves a half-written one under the final name. An old
+checkpoint (rotated out, or overwritten by a rerun) is renamed out of the ``step_*`` names before it is deleted, so a
+kill during the deletion never leaves a half-deleted one under a name ``train.resume=auto`` reads either.
 
 Resuming verifies before it loads. ``train.resume=auto`` takes the newest checkpoint that passes and logs a
 warning for each newer one it skipped, naming the file and what is wrong with it; when none passes it fails
@@ -39,6 +41,7 @@ from deepspec_train.training.checkpoint_manifest import checkpoint_problem, has_
 from deepspec_train.training.distributed import DistContext, barrier
 
 PREFIX = "step_"
+_DELETING = ".deleting_"
 log = get_logger("deepspec_train.checkpoint")
 T = TypeVar("T")
 # What reading back a damaged safetensors, torch.save or JSON file raises.
@@ -144,6 +147,8 @@ def save_checkpoint(
     tmp = root / f".tmp_{PREFIX}{step:08d}"
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in root.glob(f"{_DELETING}*") if root.is_dir() else []:
+            shutil.rmtree(leftover, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier(ctx)
     rng = {"cpu": torch.get_rng_state(), **_cuda_rng()}
@@ -170,13 +175,25 @@ def save_checkpoint(
         # After the barrier: every rank's RNG file is in place, so the manifest covers the whole checkpoint.
         with whole_or_nothing(final, 0, discard):
             write_manifest(tmp)
-        if final.exists():
-            shutil.rmtree(final)
+        # A rerun's checkpoint of the same step replaces the old one: the old is moved aside before the new is
+        # renamed in, and deleted only after.
+        replaced = _move_aside(final) if final.exists() else None
         tmp.rename(final)
+        if replaced is not None:
+            shutil.rmtree(replaced, ignore_errors=True)
         for old in list_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(_move_aside(old), ignore_errors=True)
     barrier(ctx)
     return final
+
+
+def _move_aside(checkpoint: Path) -> Path:
+    """Rename (atomic) out of the ``step_*`` names, to be deleted; a leftover of a killed deletion goes at the next
+    save."""
+    doomed = checkpoint.with_name(f"{_DELETING}{checkpoint.name}")
+    shutil.rmtree(doomed, ignore_errors=True)
+    checkpoint.rename(doomed)
+    return doomed
 
 
 def checkpoint_step(path: Path) -> int:
