@@ -15,6 +15,9 @@ fi
 bash launch/quickstart/setup_env.sh
 . .venv/bin/activate
 export WANDB_MODE=offline WANDB_SILENT=true TOKENIZERS_PARALLELISM=false
+# One intra-op thread per process: two pytest workers already keep the 2 cores busy, and a second OpenMP thread in
+# each only spins and hands off against the other worker (the launched ranks get one thread already).
+export OMP_NUM_THREADS=1
 slurm_log=$(mktemp)
 python -m pytest -q -p no:cacheprovider -m slurm > "$slurm_log" 2>&1 &
 slurm_pid=$!
