@@ -21,7 +21,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from deepspec_train.common.local_ports import unused_local_port
 from deepspec_train.training.checkpoint import checkpoint_step, list_checkpoints
 from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 from deepspec_train.streaming.watchdog import FAILURE_EXIT_CODE
@@ -42,16 +42,10 @@ TARGET_WORKERS = 2
 END_MARGIN = 8
 
 
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def start_world(train_args: list[str], logs: Path) -> list[subprocess.Popen]:
     """One ``train.py`` process per rank on 127.0.0.1, each logging to ``logs/rank{r}.log``."""
     logs.mkdir(parents=True, exist_ok=True)
-    port = _port()
+    port = unused_local_port()
     procs = []
     for rank in range(WORLD_SIZE):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), LOCAL_RANK=str(rank),

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from deepspec_train.common.local_ports import unused_local_port
 from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -30,23 +30,6 @@ CLUSTER_SCRIPT = REPO / "launch" / "slurm" / "local_cluster.sh"
 TRAIN_SCRIPT = REPO / "launch" / "slurm" / "train.sbatch"
 JOB_TIMEOUT_S = 240
 MAX_STEPS = 3
-
-
-def _free_port_pair() -> int:
-    """A port p such that p and p + 1 are free (slurmctld and slurmd listen on them)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        if port >= 65535:
-            continue
-        with socket.socket() as second:
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free pair of adjacent ports")
 
 
 def _install_or_skip() -> None:
@@ -66,7 +49,8 @@ def slurm_env(tmp_path_factory: pytest.TempPathFactory):
         pytest.skip("the local test cluster runs slurmctld / slurmd / munged as root")
     _install_or_skip()
     state = tmp_path_factory.mktemp("slurm")
-    env = dict(os.environ, LOCAL_SLURM_CPUS="2", LOCAL_SLURM_PORT=str(_free_port_pair()))
+    # slurmctld and slurmd listen on the port and the next one.
+    env = dict(os.environ, LOCAL_SLURM_CPUS="2", LOCAL_SLURM_PORT=str(unused_local_port(span=2)))
     try:
         subprocess.run([str(CLUSTER_SCRIPT), "start", str(state)], check=True, env=env, timeout=120)
         env["SLURM_CONF"] = str(state / "slurm.conf")

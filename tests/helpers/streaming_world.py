@@ -13,12 +13,12 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from deepspec_train.common.local_ports import unused_local_port
 from tests.helpers.tiny_chat_model import save_tiny_chat_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,9 +91,9 @@ def train_in_process(world: dict[str, str], output_dir: Path, **extra) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A master port for a test's ranks (``common.local_ports``: below the ephemeral range, so no connection of the
+    other test worker can take it before the master binds it)."""
+    return unused_local_port()
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
