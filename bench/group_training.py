@@ -40,6 +40,7 @@ from deepspec_train.config.schema import RecipeConfig
 from deepspec_train.jobs.drafter_groups import (
     DrafterGroup, load_groups, parse_group_command_line, write_groups_record,
 )
+from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -180,6 +181,9 @@ def train_all(commands: dict[str, list[str]], jobs: int, log_dir: Path) -> dict[
             for _, other, _, _ in running.values():
                 other.terminate()
             where = f" (log: {log_dir / f'{name}.log'})" if log is not None else ""
+            if process.returncode == PREEMPTED_EXIT_CODE:
+                raise SystemExit(f"training {name} was stopped by a signal after writing its checkpoints{where}: "
+                                 "run the same command with --reuse to continue it")
             raise SystemExit(f"training {name} failed with exit code {process.returncode}{where}")
         seconds[name] = {"wall_s": time.time() - start, "cpu_s": usage.ru_utime + usage.ru_stime}
     return seconds

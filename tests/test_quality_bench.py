@@ -191,6 +191,26 @@ def _world_settings(tiny_world: Path, tmp_path: Path) -> tuple[list[str], dict[s
     return shared, layer_ids
 
 
+@pytest.mark.parametrize(("code", "says"), [(4, "stopped by a signal after writing its checkpoints"),
+                                             (3, "failed with exit code 3")])
+def test_a_training_command_stopped_by_a_signal_says_to_continue_with_reuse(tmp_path: Path, code: int,
+                                                                            says: str) -> None:
+    """``train_all``: a command that ends with the preemption status (its checkpoints written) is told apart from a
+    failure, and the message says how to continue."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.group_training import train_all
+    from deepspec_train.training.preemption import PREEMPTED_EXIT_CODE
+
+    assert PREEMPTED_EXIT_CODE == 4
+    with pytest.raises(SystemExit) as stopped:
+        train_all({"run": [sys.executable, "-c", f"raise SystemExit({code})"]}, 1, tmp_path)
+    message = str(stopped.value)
+    assert message.startswith("training run ") and says in message
+    assert ("--reuse" in message) == (code == PREEMPTED_EXIT_CODE)
+
+
 def test_training_plan_groups_recipes_splits_them_and_falls_back(tiny_world: Path, tmp_path: Path) -> None:
     """``bench/group_training.plan_training``: one grouped command for recipes that share a target pass, split by
     recipe over the jobs with the data order pinned, a pass of its own (with a note) for a recipe whose data differ,
