@@ -95,9 +95,10 @@ class Budget:
 # The laptop budget: one working session (at most 150 minutes) on the idle 2-core machine, 2 training seeds of the
 # 4 kinds, one torch thread. Each target pass of 4 sequences feeds 4 optimizer steps (on SmolLM2, reuse 4 after 10
 # passes reached validation E[L] 0.398 against 0.302 after 40 passes without: docs/reference/benchmarks.md), so
-# 400 steps forward 100 passes, 400 of the 716 regenerated conversations, none repeated. Measured 2026-12-07: a
-# step of the eight drafters 16.3 s on the idle machine (one thread), so 400 steps and 8 validations about 115
-# minutes; the exactness and law checks and decoding 10 prompts per suite at two temperatures about 30 more
+# 400 steps forward 100 passes, 400 of the 716 regenerated conversations, none repeated. Measured: a step of the
+# eight drafters 16.3 s on the idle machine with one thread (2026-12-07), 14.5-16.4 s with the two threads one
+# grouped command gets by default (2026-12-08: steps 83-400 and 7 validations in 77.7 minutes), so 400 steps about
+# 98 minutes; the exactness and law checks and decoding 10 prompts per suite at two temperatures about 37 more
 # (docs/reference/benchmarks.md, section "A real model"). A longer schedule accumulates: --stop-at, then --reuse.
 LAPTOP = Budget(steps=400, anchors=16, batch=4, feature_reuse=4, evaluations=8, prompts=10, new_tokens=64,
                 sampling_seeds=1)
